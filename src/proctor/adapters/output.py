@@ -1,0 +1,203 @@
+"""Reading an agent CLI's own output: its final message (-> summary) and its claim (-> claimed_status).
+
+Owns one reader per output format and the structured events that may end a run early. A claim decides
+nothing: the host judges by exit code, diff and validation. Measured traps (shared/agent-clis/README.md):
+claude prints `"subtype":"success"` beside `"is_error":true`, so `subtype` is never read; grok exits 0 on
+HTTP errors and says so only in prose.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+SUMMARY_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class Reading:
+    summary: str = ""
+    claimed_status: str | None = None  # "completed" | "failed" as the agent itself reported
+    retry_after: str | None = None
+    usage: dict[str, Any] | None = None
+
+
+def _json_lines(text: str) -> Iterator[dict[str, Any]]:
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                yield obj
+
+
+def _last_json(text: str) -> dict[str, Any] | None:
+    text = text.strip()
+    try:
+        obj = json.loads(text)
+        return obj if isinstance(obj, dict) else None
+    except ValueError:
+        pass
+    found = None
+    for obj in _json_lines(text):
+        found = obj
+    return found
+
+
+def _clip(s: str) -> str:
+    s = s.strip()
+    return s if len(s) <= SUMMARY_CHARS else s[: SUMMARY_CHARS - 1] + "…"
+
+
+def _last_lines(text: str, n: int = 12) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return "\n".join(lines[-n:])
+
+
+def read_text(stdout: str, stderr: str) -> Reading:
+    body = stdout.strip() or stderr.strip()
+    claimed = None
+    low = body.lower()
+    if "sorry, i encountered an error" in low or low.startswith("❌ error") or "❌ error:" in low:
+        claimed = "failed"
+    return Reading(_clip(_last_lines(body)), claimed)
+
+
+def read_codex(stdout: str, stderr: str) -> Reading:
+    message, claimed, usage = "", None, None
+    errors: list[str] = []
+    for ev in _json_lines(stdout):
+        kind = ev.get("type")
+        item = ev.get("item") if isinstance(ev.get("item"), dict) else {}
+        if kind == "item.completed" and item.get("type") in ("agent_message", "assistant_message"):
+            message = str(item.get("text", "")) or message
+        elif kind == "turn.completed":
+            claimed = claimed or "completed"
+            usage = ev.get("usage") if isinstance(ev.get("usage"), dict) else usage
+        elif kind == "turn.failed":
+            claimed = "failed"
+            err = ev.get("error")
+            errors.append(str(err.get("message") if isinstance(err, dict) else err))
+        elif kind == "error":
+            errors.append(str(ev.get("message", "")))
+    if not message and errors:
+        message = errors[-1]
+        claimed = claimed or "failed"
+    return Reading(_clip(message or _last_lines(stderr)), claimed, usage=usage)
+
+
+def _claude_result(obj: dict[str, Any]) -> Reading:
+    is_error = obj.get("is_error")
+    claimed = "failed" if is_error is True else ("completed" if is_error is False else None)
+    usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
+    return Reading(_clip(str(obj.get("result", ""))), claimed, usage=usage)
+
+
+def read_claude_json(stdout: str, stderr: str) -> Reading:
+    obj = _last_json(stdout)
+    if obj is None or obj.get("type") != "result":
+        return Reading(_clip(_last_lines(stdout or stderr)))
+    return _claude_result(obj)
+
+
+def read_claude_stream(stdout: str, stderr: str) -> Reading:
+    result: Reading | None = None
+    retry_after = None
+    last_text = ""
+    for ev in _json_lines(stdout):
+        kind = ev.get("type")
+        if kind == "result":
+            result = _claude_result(ev)
+        elif kind == "rate_limit_event":
+            info = ev.get("rate_limit_info") if isinstance(ev.get("rate_limit_info"), dict) else {}
+            reset = info.get("resetsAt") or info.get("resets_at")
+            if reset is not None:
+                retry_after = str(reset)
+        elif kind == "assistant":
+            msg = ev.get("message") if isinstance(ev.get("message"), dict) else {}
+            for part in msg.get("content") or []:
+                if isinstance(part, dict) and part.get("type") == "text":
+                    last_text = str(part.get("text", ""))
+    if result is None:
+        return Reading(_clip(last_text or _last_lines(stderr)), None, retry_after)
+    return Reading(result.summary, result.claimed_status, retry_after, result.usage)
+
+
+def read_gemini(stdout: str, stderr: str) -> Reading:
+    # Its error JSON goes to stderr (measured: exit 41 with {"error": {...}} there).
+    obj = _last_json(stdout) or _last_json(stderr)
+    if obj is None:
+        return Reading(_clip(_last_lines(stdout or stderr)))
+    err = obj.get("error")
+    if isinstance(err, dict):
+        return Reading(_clip(str(err.get("message", ""))), "failed")
+    usage = obj.get("stats") if isinstance(obj.get("stats"), dict) else None
+    return Reading(_clip(str(obj.get("response", ""))), "completed" if "response" in obj else None, usage=usage)
+
+
+def read_jsonl(stdout: str, stderr: str) -> Reading:
+    """Generic JSON events (opencode and user CLIs): the last text-bearing field wins."""
+    text, claimed = "", None
+    for ev in _json_lines(stdout):
+        for key in ("text", "result", "response", "message", "content"):
+            val = ev.get(key)
+            if isinstance(val, str) and val.strip():
+                text = val
+        part = ev.get("part")
+        if isinstance(part, dict) and isinstance(part.get("text"), str):
+            text = part["text"]
+        if ev.get("type") == "error" or ev.get("error"):
+            claimed = "failed"
+    return Reading(_clip(text or _last_lines(stdout or stderr)), claimed)
+
+
+READERS: dict[str, Callable[[str, str], Reading]] = {
+    "text": read_text,
+    "codex-jsonl": read_codex,
+    "claude-json": read_claude_json,
+    "claude-stream-json": read_claude_stream,
+    "gemini-json": read_gemini,
+    "jsonl": read_jsonl,
+}
+
+
+class ClaudeStreamWatch:
+    """Ends a stream-json run on a *rejected* `rate_limit_event`.
+
+    Measured in the wild (research/orchestrators.md, SCU-1129): after such an event the CLI can pause and
+    never send a `result`, so waiting for the exit means waiting for the deadline. Only a top-level event of
+    the CLI's protocol counts; text inside a message is the model's and is never read here. The host then
+    kills the run, so the exit is nonzero and the only-on-nonzero classification rule still holds.
+    """
+
+    def __init__(self) -> None:
+        self._partial = b""
+
+    def __call__(self, stream: str, chunk: bytes) -> str | None:
+        if stream != "stdout":
+            return None
+        data = self._partial + chunk
+        lines = data.split(b"\n")
+        self._partial = lines.pop()[-1_000_000:]
+        for raw in lines:
+            if b"rate_limit_event" not in raw:
+                continue
+            try:
+                ev = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(ev, dict) and ev.get("type") == "rate_limit_event":
+                info = ev.get("rate_limit_info") if isinstance(ev.get("rate_limit_info"), dict) else ev
+                if str(info.get("status", "")).lower() == "rejected":
+                    return "rate_limit_event: rejected"
+        return None
+
+
+WATCHERS: dict[str, Callable[[], Callable[[str, bytes], str | None]]] = {
+    "claude-stream-json": ClaudeStreamWatch,
+}

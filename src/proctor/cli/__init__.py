@@ -1,0 +1,20 @@
+"""The `proctor` console script: thin commands that parse, call one service function and print.
+
+No policy lives here. Each command module registers itself on `main`; results go to stdout as JSON,
+human progress to stderr; a refused or unusable call is a clear message and exit 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="proctor")
+def main() -> None:
+    """Run coding agents under limits a person set; the host, not the agent, owns the verdict."""
+
+
+# Command modules: each adds itself to `main` on import. One line per module, keep sorted.
+from proctor.cli import run_agent as _run_agent  # noqa: E402,F401
+from proctor.cli import schema as _schema  # noqa: E402,F401

@@ -1,0 +1,95 @@
+"""User configuration (TOML): declared agents and host settings, merged over the built-in adapters.
+
+Owns finding the config file (`--config FILE`, else `$PROCTOR_CONFIG`, else `$PROCTOR_HOME/config.toml`),
+parsing it and the built-ins through the same loader, and reporting a bad file as one clear message. It
+never holds trusted policy (ceilings, forbidden effects): that is `policy.toml`, which a caller cannot pass.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from proctor.adapters.spec import AdapterSpec
+from proctor.home import proctor_home
+
+
+class ConfigError(Exception):
+    """An unusable config file; the message names the file and the problem."""
+
+
+class Config(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    agents: dict[str, AdapterSpec] = Field(default_factory=dict)
+    confine: Literal["auto", "required", "off"] = "auto"
+    validate_timeout: int = Field(default=900, ge=1, le=14_400)
+    term_grace: float = Field(default=2.0, ge=0, le=60)
+    source: str | None = None
+
+    def adapter(self, name: str) -> AdapterSpec | None:
+        return self.agents.get(name)
+
+
+def _parse_agents(raw: Any, origin: str) -> dict[str, AdapterSpec]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{origin}: [agents] must be a table")
+    out = {}
+    for name, table in raw.items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"{origin}: [agents.{name}] must be a table")
+        try:
+            out[name] = AdapterSpec.model_validate({**table, "name": name})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            loc = ".".join(str(p) for p in first["loc"])
+            msg = first["msg"].removeprefix("Value error, ")
+            raise ConfigError(f"{origin}: [agents.{name}] {loc}: {msg}".replace(" : ", ": ")) from None
+    return out
+
+
+def _read_toml(text: str, origin: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{origin}: not valid TOML: {exc}") from None
+
+
+def builtin_agents() -> dict[str, AdapterSpec]:
+    text = resources.files("proctor.adapters").joinpath("builtin.toml").read_text(encoding="utf-8")
+    return _parse_agents(_read_toml(text, "builtin.toml").get("agents"), "builtin.toml")
+
+
+def config_path(explicit: str | Path | None = None) -> Path | None:
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get("PROCTOR_CONFIG")
+    if env:
+        return Path(env)
+    default = proctor_home() / "config.toml"
+    return default if default.is_file() else None
+
+
+def load_config(explicit: str | Path | None = None) -> Config:
+    path = config_path(explicit)
+    agents = builtin_agents()
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"config {path}: cannot be read: {exc.strerror or exc}") from None
+        data = _read_toml(text, str(path))
+        agents.update(_parse_agents(data.pop("agents", None), str(path)))
+    try:
+        return Config.model_validate({**data, "agents": agents, "source": str(path) if path else None})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ConfigError(f"config {path}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None

@@ -1,0 +1,183 @@
+"""The run_agent contract (frozen v1, additive changes only): request, result, status and stable codes.
+
+This module owns the wire shape and the rules a request must satisfy anywhere (CLI, Python, queue, HTTP).
+It never touches the filesystem or a process: checks that need the executing machine (the repo exists, the
+agent is known there) live in the host.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+TIMEOUT_MIN_S = 60
+TIMEOUT_MAX_S = 14_400
+TIMEOUT_DEFAULT_S = 1_200
+
+TICKET_RE = re.compile(r"[A-Za-z0-9._-]+")
+REF_RE = re.compile(r"[A-Za-z0-9._/-]+")
+
+
+class Status(StrEnum):
+    completed = "completed"
+    failed = "failed"
+    timed_out = "timed_out"
+    rate_limited = "rate_limited"
+    approval_required = "approval_required"
+
+
+class Code(StrEnum):
+    """Stable outcome codes of a run_agent job; additive only, never renamed."""
+
+    OK = "OK"
+    INVALID_REQUEST = "INVALID_REQUEST"
+    TASK_UNREADABLE = "TASK_UNREADABLE"
+    UNKNOWN_AGENT = "UNKNOWN_AGENT"
+    CONFIG_INVALID = "CONFIG_INVALID"
+    PROMPT_TOO_LARGE = "PROMPT_TOO_LARGE"
+    WORKTREE_FAILED = "WORKTREE_FAILED"
+    AGENT_NOT_FOUND = "AGENT_NOT_FOUND"
+    AGENT_FAILED = "AGENT_FAILED"
+    TIMED_OUT = "TIMED_OUT"
+    RATE_LIMITED = "RATE_LIMITED"
+    APPROVAL_REQUIRED = "APPROVAL_REQUIRED"
+    VALIDATION_FAILED = "VALIDATION_FAILED"
+    STOPPED = "STOPPED"
+    CANCELLED = "CANCELLED"
+    CIRCUIT_OPEN = "CIRCUIT_OPEN"
+    CONFINEMENT_UNAVAILABLE = "CONFINEMENT_UNAVAILABLE"
+    HOST_ERROR = "HOST_ERROR"
+
+
+def check_ref(ref: str) -> str:
+    """A base ref we are willing to hand to git: charset, no option lookalike, no range syntax."""
+    if not ref or not REF_RE.fullmatch(ref):
+        raise ValueError(f"branch {ref!r} must match [A-Za-z0-9._/-]+")
+    if ref.startswith("-"):
+        raise ValueError(f"branch {ref!r} must not start with '-'")
+    if ".." in ref:
+        raise ValueError(f"branch {ref!r} must not contain '..'")
+    return ref
+
+
+class RunAgentRequest(BaseModel):
+    """One job: have `agent` do `task` in `repo`. Field names on the wire are the v1 camelCase ones."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
+
+    agent: Annotated[str, Field(min_length=1)]
+    task: str
+    repo: str
+    ticket: str
+    branch: str | None = None
+    mode: str = "build"
+    timeout_sec: int = Field(default=TIMEOUT_DEFAULT_S, alias="timeoutSec")
+    validate_command: str | None = Field(default=None, alias="validateCommand")
+    # Additive: confinement policy for this job ("auto" | "required" | "off"); None = the config's.
+    confine: str | None = None
+
+    @field_validator("task")
+    @classmethod
+    def _task(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("task must be non-empty")
+        return v
+
+    @field_validator("repo")
+    @classmethod
+    def _repo(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"repo {v!r} must be an absolute path")
+        return v
+
+    @field_validator("ticket")
+    @classmethod
+    def _ticket(cls, v: str) -> str:
+        if not TICKET_RE.fullmatch(v):
+            raise ValueError(f"ticket {v!r} must match [A-Za-z0-9._-]+")
+        return v
+
+    @field_validator("branch")
+    @classmethod
+    def _branch(cls, v: str | None) -> str | None:
+        return None if v is None else check_ref(v)
+
+    @field_validator("timeout_sec", mode="before")
+    @classmethod
+    def _clamp(cls, v: Any) -> int:
+        # Clamped, not refused: the contract says 60-14400 and a caller's 5 means "as short as allowed".
+        if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+            raise ValueError("timeoutSec must be a number of seconds")
+        try:
+            n = int(float(v))
+        except ValueError:
+            raise ValueError(f"timeoutSec {v!r} is not a number") from None
+        return max(TIMEOUT_MIN_S, min(TIMEOUT_MAX_S, n))
+
+    @field_validator("validate_command")
+    @classmethod
+    def _validate_cmd(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("validateCommand must be non-empty when given")
+        return v
+
+    @field_validator("confine")
+    @classmethod
+    def _confine(cls, v: str | None) -> str | None:
+        if v is not None and v not in ("auto", "required", "off"):
+            raise ValueError("confine must be auto, required or off")
+        return v
+
+
+class RunAgentResult(BaseModel):
+    """The v1 result. The first nine fields are frozen; the rest are additive."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+
+    status: Status
+    summary: str = ""
+    changed_files: list[str] = Field(default_factory=list)
+    tests_attempted: list[str] = Field(default_factory=list)
+    known_risks: list[str] = Field(default_factory=list)
+    needs_human_review: bool = True
+    agent: str = ""
+    duration_seconds: float = Field(default=0.0, alias="durationSeconds")
+    worktree_path: str | None = Field(default=None, alias="worktreePath")
+    # additive
+    job_id: str | None = Field(default=None, alias="jobId")
+    branch: str | None = None
+    base_ref: str | None = Field(default=None, alias="baseRef")
+    mode: str | None = None
+    code: Code = Code.OK
+    claimed_status: str | None = None
+    agent_changed_files: list[str] = Field(default_factory=list)
+    agent_version: str | None = None
+    attempts: int = 0
+    exit_codes: list[int | None] = Field(default_factory=list)
+    retry_after: str | None = None
+    confinement: str | None = None
+    confinement_details: dict[str, Any] | None = None
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True, indent=2)
+
+
+def request_errors(exc: ValidationError) -> list[str]:
+    """Turn pydantic's errors into one readable line each, naming the field by its wire name."""
+    out = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "request"
+        msg = err["msg"].removeprefix("Value error, ")
+        out.append(f"invalid request: {loc}: {msg}")
+    return out
+
+
+def parse_request(data: dict[str, Any]) -> RunAgentRequest | list[str]:
+    """Validate a raw request (queue payload, HTTP body) into the model, or the list of violations."""
+    try:
+        return RunAgentRequest.model_validate(data)
+    except ValidationError as exc:
+        return request_errors(exc)

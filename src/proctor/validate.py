@@ -1,0 +1,144 @@
+"""The host's own validation of a worktree: what to run (autodetected or given) and its real exit codes.
+
+Owns detection at the worktree root and running the commands through the same process runner as agents
+(deadline, whole-tree kill, bounded tails). It never reads the agent's claims about tests: only exit codes
+that this module observed go into `tests_attempted`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from proctor.process import ProcessRunner, Spawn
+
+VALIDATE_TIMEOUT_S = 900
+NPM_PLACEHOLDER = 'echo "Error: no test specified" && exit 1'
+
+
+@dataclass(frozen=True)
+class Step:
+    label: str  # what tests_attempted shows
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    steps: tuple[Step, ...]
+    skipped_reason: str | None = None  # set when nothing will run
+
+
+@dataclass(frozen=True)
+class Attempt:
+    label: str
+    exit_code: int | None
+    timed_out: bool
+    output_tail: str
+
+    @property
+    def passed(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    def line(self, timeout_s: float) -> str:
+        if self.timed_out:
+            return f"{self.label} => timed out after {timeout_s:.0f}s"
+        if self.exit_code is None:
+            return f"{self.label} => did not start"
+        return f"{self.label} => exit {self.exit_code}"
+
+
+def _python() -> str:
+    return "python" if shutil.which("python") else "python3"
+
+
+def _has_make_test(makefile: Path) -> bool:
+    try:
+        text = makefile.read_text(errors="replace")
+    except OSError:
+        return False
+    return re.search(r"^test\s*:(?!=)", text, re.M) is not None
+
+
+def _npm_test(package_json: Path) -> bool:
+    try:
+        data = json.loads(package_json.read_text(errors="replace"))
+    except (OSError, ValueError):
+        return False
+    script = data.get("scripts", {}).get("test") if isinstance(data, dict) else None
+    return isinstance(script, str) and bool(script.strip()) and script.strip() != NPM_PLACEHOLDER
+
+
+def detect(root: Path) -> Plan:
+    """Autodetect at the worktree root. More than one ecosystem is ambiguous unless a Makefile `test`
+    target is among them: that is the repo's own declared entry point and wins."""
+    found: dict[str, tuple[Step, ...]] = {}
+    if any((root / f).is_file() for f in ("pyproject.toml", "setup.cfg", "pytest.ini", "tox.ini")):
+        py = _python()
+        found["python"] = (Step(f"{py} -m pytest", (py, "-m", "pytest")),)
+    if (root / "package.json").is_file() and _npm_test(root / "package.json"):
+        found["node"] = (Step("npm test", ("npm", "test")),)
+    if (root / "Cargo.toml").is_file():
+        found["rust"] = (Step("cargo test", ("cargo", "test")),)
+    if (root / "go.mod").is_file():
+        found["go"] = (Step("go test ./...", ("go", "test", "./...")),)
+    slns = sorted(p.name for p in root.glob("*.sln"))
+    projs = sorted(p.name for p in root.glob("*.csproj"))
+    dotnet_target = slns[0] if len(slns) == 1 else (projs[0] if not slns and len(projs) == 1 else None)
+    if dotnet_target:
+        found["dotnet"] = (
+            Step(f"dotnet build {dotnet_target}", ("dotnet", "build", dotnet_target)),
+            Step(f"dotnet test {dotnet_target}", ("dotnet", "test", dotnet_target)),
+        )
+    elif slns or projs:
+        return Plan((), f"validation skipped: ambiguous .NET root ({', '.join(slns + projs)})")
+    if (root / "Makefile").is_file() and _has_make_test(root / "Makefile"):
+        found["make"] = (Step("make test", ("make", "test")),)
+
+    if not found:
+        return Plan((), "validation skipped: no test command detected at the worktree root")
+    if len(found) == 1:
+        return Plan(next(iter(found.values())))
+    if "make" in found:
+        return Plan(found["make"])
+    return Plan((), f"validation skipped: ambiguous root ({', '.join(sorted(found))}); pass --validate-cmd")
+
+
+def given(command: str) -> Plan:
+    return Plan((Step(command, ("/bin/sh", "-c", command)),))
+
+
+def run(
+    plan: Plan,
+    runner: ProcessRunner,
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    timeout_s: float = VALIDATE_TIMEOUT_S,
+    name: str = "validate",
+) -> list[Attempt]:
+    """Run each step in order under one shared deadline; stop at the first failure."""
+    attempts: list[Attempt] = []
+    budget = timeout_s
+    for i, step in enumerate(plan.steps):
+        if budget <= 0:
+            attempts.append(Attempt(step.label, None, True, ""))
+            break
+        ex = runner.run(Spawn(argv=step.argv, cwd=cwd, env=env, deadline_s=budget, name=f"{name}-{i}"))
+        budget -= ex.duration_s
+        tail = (ex.stdout[-4000:] + b"\n" + ex.stderr[-4000:]).decode("utf-8", "replace").strip()
+        if ex.spawn_error:
+            tail = ex.spawn_error
+        attempt = Attempt(step.label, ex.exit_code, ex.timed_out, tail)
+        attempts.append(attempt)
+        if not attempt.passed:
+            break
+    return attempts
+
+
+def describe(step_argv: tuple[str, ...]) -> str:
+    return shlex.join(step_argv)
