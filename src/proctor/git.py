@@ -70,25 +70,41 @@ def git(
     return GitResult(p.returncode, p.stdout, p.stderr.decode("utf-8", "replace").strip())
 
 
-def parse_status_z(raw: bytes) -> list[str]:
-    """Paths from `git status --porcelain=v1 -z`: untracked included, both sides of a rename, spaces safe."""
+def parse_status_v2_z(raw: bytes) -> tuple[str | None, list[str]]:
+    """HEAD's sha and the changed paths from `git status --porcelain=v2 -z --branch`.
+
+    Untracked included, both sides of a rename, spaces and newlines in names safe (NUL-separated).
+    """
     fields = raw.split(b"\0")
+    head: str | None = None
     out: list[str] = []
     i = 0
     while i < len(fields):
         entry = fields[i]
         i += 1
-        if len(entry) < 4:
+        if not entry:
             continue
-        xy, path = entry[:2], entry[3:]
-        out.append(path.decode("utf-8", "surrogateescape"))
-        if b"R" in xy or b"C" in xy:
-            # The next NUL-separated field is the rename/copy source.
-            if i < len(fields) and fields[i]:
-                if b"R" in xy:
-                    out.append(fields[i].decode("utf-8", "surrogateescape"))
+        kind = entry[:1]
+        if kind == b"#":
+            if entry.startswith(b"# branch.oid "):
+                head = entry[len(b"# branch.oid "):].decode()
+            continue
+        if kind in (b"?", b"!"):
+            out.append(_path(entry[2:]))
+        elif kind == b"1":  # 1 XY sub mH mI mW hH hI path
+            out.append(_path(entry.split(b" ", 8)[8]))
+        elif kind == b"2":  # 2 XY sub mH mI mW hH hI Xscore path NUL origPath
+            out.append(_path(entry.split(b" ", 9)[9]))
+            if i < len(fields):
+                out.append(_path(fields[i]))
                 i += 1
-    return out
+        elif kind == b"u":  # u XY sub m1 m2 m3 mW h1 h2 h3 path
+            out.append(_path(entry.split(b" ", 10)[10]))
+    return head, out
+
+
+def _path(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
 
 
 def parse_name_status_z(raw: bytes) -> list[str]:
@@ -104,8 +120,8 @@ def parse_name_status_z(raw: bytes) -> list[str]:
         n = 2 if status[:1] in (b"R", b"C") else 1
         for _ in range(n):
             if i < len(fields):
-                path = fields[i].decode("utf-8", "surrogateescape")
+                # A copy's source is unchanged; a rename's source is gone, so both count.
                 if status[:1] != b"C" or _ == 1:
-                    out.append(path)
+                    out.append(_path(fields[i]))
                 i += 1
     return out

@@ -98,10 +98,9 @@ def _run(job: _Job) -> RunAgentResult:
     repo = worktree.open_repo(req.repo)
     if isinstance(repo, worktree.Failure):
         return refused(req, [f"invalid request: {repo.reason}"], Code.INVALID_REQUEST, job.start)
-    base = req.branch or worktree.default_base(repo)
-    base_sha = worktree.resolve_base(repo, base)
-    if isinstance(base_sha, worktree.Failure):
-        return refused(req, [f"invalid request: {base_sha.reason}"], Code.INVALID_REQUEST, job.start)
+    base = worktree.resolve_base(repo, req.branch) if req.branch else worktree.default_base(repo)
+    if isinstance(base, worktree.Failure):
+        return refused(req, [f"invalid request: {base.reason}"], Code.INVALID_REQUEST, job.start)
 
     # The argv is built (and a too-large prompt refused) before anything is created on disk.
     wt_path = repo.path.parent / f"{repo.path.name}-agents" / job.job_id
@@ -124,7 +123,7 @@ def _run(job: _Job) -> RunAgentResult:
 
     result = RunAgentResult(
         status=Status.failed, agent=req.agent, worktree_path=str(wt.path), job_id=job.job_id,
-        branch=wt.branch, base_ref=base, mode=req.mode,
+        branch=wt.branch, base_ref=base.ref, mode=req.mode,
     )
     try:
         _launch_and_judge(job, wt, inv.argv, inv.stdin, env, result)
@@ -224,22 +223,22 @@ def _launch_and_judge(job: _Job, wt: worktree.Worktree, argv, stdin, env, result
         if not before:
             job.risks.append("the agent changed no files")
 
-    if result.status is Status.completed:
-        _validate(job, wt, env, result)
-
-    after = worktree.changed_files(wt)
+    validated = result.status is Status.completed and _validate(job, wt, env, result)
+    # Nothing ran after the first listing unless validation did: the same listing stands.
+    after = worktree.changed_files(wt) if validated else before
     if isinstance(after, worktree.Failure):
         job.risks.append(f"could not list changed files after validation: {after.reason}")
     else:
         result.changed_files = after
 
 
-def _validate(job: _Job, wt: worktree.Worktree, env, result: RunAgentResult) -> None:
+def _validate(job: _Job, wt: worktree.Worktree, env, result: RunAgentResult) -> bool:
+    """Run the host's own validation; False when nothing ran."""
     req = job.request
     plan = validate.given(req.validate_command) if req.validate_command else validate.detect(wt.path)
     if not plan.steps:
         job.risks.append(plan.skipped_reason or "validation skipped")
-        return
+        return False
     job.progress.phase("validating")
     attempts = validate.run(plan, job.runner, cwd=wt.path, env=env, timeout_s=job.config.validate_timeout,
                             name=f"validate-{job.job_id}")
@@ -248,3 +247,4 @@ def _validate(job: _Job, wt: worktree.Worktree, env, result: RunAgentResult) -> 
     if failed:
         result.status, result.code = Status.failed, Code.VALIDATION_FAILED
         job.risks.append(f"validation failed: {failed[0].line(job.config.validate_timeout)}")
+    return True

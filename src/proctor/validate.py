@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -139,6 +138,3 @@ def run(
             break
     return attempts
 
-
-def describe(step_argv: tuple[str, ...]) -> str:
-    return shlex.join(step_argv)

@@ -23,7 +23,7 @@ def emit(result: RunAgentResult) -> None:
 @main.command("run-agent")
 @click.option("--agent", help="Adapter key: codex, claude, gemini, grok, opencode, patch, or one from config.")
 @click.option("--task", help="The brief, as text.")
-@click.option("--task-file", type=click.Path(dir_okay=False), help="Read the brief from this file.")
+@click.option("--task-file", help="Read the brief from this file.")
 @click.option("--repo", help="Path of the git repo to work on (made absolute).")
 @click.option("--ticket", help="Ticket id, [A-Za-z0-9._-]+; part of the branch name.")
 @click.option("--branch", help="Base ref (default: master, else main, else HEAD's branch).")
@@ -31,7 +31,7 @@ def emit(result: RunAgentResult) -> None:
 @click.option("--timeout", "timeout", type=str, help="Agent deadline in seconds, clamped to 60-14400 (default 1200).")
 @click.option("--validate-cmd", help="Shell command run in the worktree instead of autodetected tests.")
 @click.option("--confine", type=click.Choice(["auto", "required", "off"]), help="Confinement policy (default: config's).")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="Config TOML (else $PROCTOR_CONFIG, else $PROCTOR_HOME/config.toml).")
+@click.option("--config", "config_file", help="Config TOML (else $PROCTOR_CONFIG, else $PROCTOR_HOME/config.toml).")
 def run_agent_cmd(agent, task, task_file, repo, ticket, branch, mode, timeout, validate_cmd, confine, config_file) -> None:
     """Have an agent do a task in a fresh worktree; print the v1 result JSON (exit 0 only if completed)."""
     start = time.monotonic()

@@ -1,0 +1,32 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test system-deps agent-clis bench clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) scripts/demo.py
+
+# Debian packages the tests use for real (git, bubblewrap, sqlite3); installed only where missing.
+system-deps:
+	bash scripts/install-system-deps.sh
+
+# The real agent CLIs from npm, cached outside the repo; test_real_clis.py checks our argv against them.
+agent-clis:
+	bash scripts/install-agent-clis.sh
+
+test: $(STAMP) system-deps agent-clis
+	$(PY) -m pytest -q -p no:cacheprovider
+
+bench: $(STAMP)
+	for b in bench/*.py; do $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info

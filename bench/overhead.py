@@ -1,0 +1,115 @@
+"""Benchmark (not a test): what proctor adds on top of the irreducible cost of an agent job.
+
+1. A no-op agent job on a repo of ~2,000 files through `run_agent`, against the raw floor: `git worktree add`
+   + spawning the same no-op + `git status --porcelain -z`. Median of N runs each; prints the ratio.
+2. Draining a 2 GB agent log through the runner's bounded tail, against `cat > /dev/null` on the same pipe,
+   and the host's peak RSS growth (each measured in a fresh child, so ru_maxrss is this drain's alone).
+
+Targets (issue 2): overhead <= 1.3x the floor; drain >= 0.5x pipe speed with <= 8 MB RSS growth.
+Run: .venv/bin/python bench/overhead.py [--runs 10] [--gib 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+GIT = ["git", "-c", "user.name=b", "-c", "user.email=b@example.invalid"]
+
+
+def make_repo(root: Path, n_files: int) -> Path:
+    repo = root / "repo"
+    for i in range(n_files):
+        p = repo / f"pkg{i % 40}" / f"mod{i}.txt"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(f"file {i}\n" * 5)
+    subprocess.run([*GIT, "init", "-q", "-b", "master", str(repo)], check=True)
+    subprocess.run([*GIT, "add", "-A"], cwd=repo, check=True)
+    subprocess.run([*GIT, "commit", "-qm", "init"], cwd=repo, check=True)
+    return repo
+
+
+def floor_once(repo: Path, i: int) -> float:
+    wt = repo.parent / "floor-wt" / str(i)
+    t0 = time.perf_counter()
+    subprocess.run(["git", "worktree", "add", "-q", "-b", f"floor/{i}", str(wt), "master"], cwd=repo, check=True,
+                   capture_output=True)
+    subprocess.run(["/bin/true"], cwd=wt, stdin=subprocess.DEVNULL, check=True)
+    subprocess.run(["git", "status", "--porcelain", "-z"], cwd=wt, check=True, capture_output=True)
+    return time.perf_counter() - t0
+
+
+def proctor_once(repo: Path, config) -> float:
+    from proctor import RunAgentRequest, run_agent
+
+    t0 = time.perf_counter()
+    res = run_agent(RunAgentRequest(agent="noop", task="nothing", repo=str(repo), ticket="B"), config=config)
+    took = time.perf_counter() - t0
+    assert res.exit_codes == [0], res
+    return took
+
+
+DRAIN_CHILD = r"""
+import resource, sys, time, json
+from pathlib import Path
+from proctor.process import LocalRunner, Spawn
+n = int(sys.argv[1])
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t0 = time.perf_counter()
+ex = LocalRunner().run(Spawn(argv=["head", "-c", str(n), "/dev/zero"], cwd=Path("/"), env={"PATH": "/usr/bin:/bin"}, deadline_s=600))
+took = time.perf_counter() - t0
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"s": took, "rss_growth_kib": after - before, "kept": len(ex.stdout), "dropped": ex.stdout_dropped}))
+"""
+
+
+def drain(n_bytes: int) -> dict:
+    t0 = time.perf_counter()
+    subprocess.run(f"head -c {n_bytes} /dev/zero | cat > /dev/null", shell=True, check=True)
+    raw = time.perf_counter() - t0
+    out = subprocess.run([sys.executable, "-c", DRAIN_CHILD, str(n_bytes)], check=True, capture_output=True, text=True)
+    res = json.loads(out.stdout)
+    res["raw_s"] = raw
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--files", type=int, default=2000)
+    ap.add_argument("--gib", type=float, default=2.0)
+    args = ap.parse_args()
+    from proctor.config import load_config
+
+    with tempfile.TemporaryDirectory(prefix="proctor-bench-") as tmp:
+        root = Path(tmp)
+        os.environ["PROCTOR_HOME"] = str(root / "home")
+        cfg_file = root / "config.toml"
+        cfg_file.write_text('[agents.noop]\ncommand = ["/bin/true"]\nprompt = "stdin"\n')
+        config = load_config(cfg_file)
+        repo = make_repo(root, args.files)
+        proctor_once(repo, config)  # warm imports and caches once, outside the measurement
+        floor_once(repo, 10_000)
+        floors, jobs = [], []
+        for i in range(args.runs):  # interleaved, so drift hits both alike
+            floors.append(floor_once(repo, i))
+            jobs.append(proctor_once(repo, config))
+        f, j = statistics.median(floors), statistics.median(jobs)
+        print(f"no-op job, {args.files} files, median of {args.runs}: floor {f * 1000:.1f} ms, "
+              f"proctor {j * 1000:.1f} ms, ratio {j / f:.2f}x (target <= 1.3x)")
+    n = int(args.gib * (1 << 30))
+    d = drain(n)
+    print(f"drain of {args.gib:g} GiB: cat {d['raw_s']:.2f} s, proctor {d['s']:.2f} s, speed "
+          f"{d['raw_s'] / d['s']:.2f}x of pipe (target >= 0.5x); peak RSS growth {d['rss_growth_kib'] / 1024:.1f} MiB "
+          f"(target <= 8); kept {d['kept']} bytes, dropped {d['dropped']}")
+
+
+if __name__ == "__main__":
+    main()

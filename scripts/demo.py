@@ -1,0 +1,69 @@
+"""`make demo`: an offline end-to-end run on the embedded default (the `patch` adapter).
+
+Builds a throw-away repo whose test fails, then runs two real jobs through the same code path as
+`proctor run-agent`: one patch that fixes the bug (completed, validated by the host) and one that breaks it
+(failed: the host's own test run says so, whatever the patch claims). Prints both results.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+FIX = """--- a/calc.py
++++ b/calc.py
+@@ -1,2 +1,2 @@
+ def add(a, b):
+-    return a - b
++    return a + b
+"""
+BREAK = """--- a/calc.py
++++ b/calc.py
+@@ -1,2 +1,2 @@
+ def add(a, b):
+-    return a - b
++    return a * b
+"""
+
+
+def git(*args: str, cwd: Path) -> None:
+    subprocess.run(["git", "-c", "user.name=demo", "-c", "user.email=demo@example.invalid", *args],
+                   cwd=cwd, check=True, capture_output=True)
+
+
+def main() -> int:
+    root = Path(tempfile.mkdtemp(prefix="proctor-demo-"))
+    repo = root / "calc"
+    repo.mkdir()
+    (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    (repo / "test_calc.py").write_text("from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n")
+    (repo / "pytest.ini").write_text("[pytest]\n")
+    git("init", "-q", "-b", "master", cwd=repo)
+    git("add", ".", cwd=repo)
+    git("commit", "-qm", "calc with a failing test", cwd=repo)
+    # Validation autodetects pytest.ini and runs `python -m pytest`: put this venv's python first.
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PROCTOR_HOME": str(root / "proctor-home")}
+    proctor = str(Path(sys.executable).with_name("proctor"))
+    codes = []
+    for ticket, diff in (("DEMO-fix", FIX), ("DEMO-break", BREAK)):
+        task = root / f"{ticket}.diff"
+        task.write_text(diff)
+        print(f"\n=== {ticket}: proctor run-agent --agent patch --task-file {task.name} --repo {repo} "
+              f"--ticket {ticket}", file=sys.stderr, flush=True)
+        p = subprocess.run([proctor, "run-agent", "--agent", "patch", "--task-file", str(task), "--repo",
+                            str(repo), "--ticket", ticket, "--timeout", "120"], env=env, text=True, capture_output=True)
+        sys.stdout.write(p.stdout)
+        print(f"=== exit code {p.returncode}", file=sys.stderr, flush=True)
+        codes.append(p.returncode)
+    ok = codes == [0, 1]
+    print(f"\ndemo {'OK' if ok else 'UNEXPECTED'}: the fix completed (exit {codes[0]}), the break failed "
+          f"validation (exit {codes[1]}). Throw-away files are in {root}", file=sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Shared fixtures: a throw-away PROCTOR_HOME, real git repos, and fake agent CLIs on PATH."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from proctor.testing import Behaviour, FakeAgent
+
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"}
+
+
+@pytest.fixture(autouse=True)
+def proctor_home(tmp_path_factory, monkeypatch) -> Path:
+    home = tmp_path_factory.mktemp("proctor-home")
+    monkeypatch.setenv("PROCTOR_HOME", str(home))
+    monkeypatch.delenv("PROCTOR_CONFIG", raising=False)
+    for k, v in GIT_ENV.items():
+        monkeypatch.setenv(k, v)
+    return home
+
+
+def sh(*args: str, cwd: Path | None = None) -> str:
+    return subprocess.run(args, cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def make_repo(root: Path, files: dict[str, str] | None = None, branch: str = "master") -> Path:
+    repo = root / "repo"
+    repo.mkdir(parents=True)
+    sh("git", "init", "-q", "-b", branch, str(repo))
+    for rel, content in (files or {"README.md": "hello\n"}).items():
+        p = repo / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(content)
+    sh("git", "add", "-A", cwd=repo)
+    sh("git", "commit", "-qm", "init", cwd=repo)
+    return repo
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    return make_repo(tmp_path)
+
+
+@pytest.fixture
+def fake_bin(tmp_path, monkeypatch) -> Path:
+    bin_dir = tmp_path / "fakebin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return bin_dir
+
+
+@pytest.fixture
+def fake(fake_bin):
+    """fake("claude", Behaviour(...)) -> FakeAgent installed on PATH."""
+
+    def make(name: str, behaviour: Behaviour | None = None) -> FakeAgent:
+        return FakeAgent(fake_bin, name, behaviour)
+
+    return make

@@ -1,0 +1,125 @@
+"""Each built-in adapter driven through the host against a fake executable of the same name.
+
+The built-ins are declared in builtin.toml through the same loader as a user's config, so these also
+exercise the TOML path. The argv itself is checked against the real CLIs in test_real_clis.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from proctor import RunAgentRequest, Status, run_agent
+from proctor.config import ConfigError, builtin_agents, load_config
+from proctor.testing import Behaviour
+
+CODEX_OUT = "\n".join(json.dumps(e) for e in [
+    {"type": "thread.started", "thread_id": "t"},
+    {"type": "item.completed", "item": {"id": "i0", "type": "agent_message", "text": "Fixed the bug."}},
+    {"type": "turn.completed", "usage": {"input_tokens": 10, "output_tokens": 5}},
+]) + "\n"
+CLAUDE_OUT = "\n".join(json.dumps(e) for e in [
+    {"type": "system", "subtype": "init"},
+    {"type": "assistant", "message": {"content": [{"type": "text", "text": "working"}]}},
+    {"type": "result", "subtype": "success", "is_error": False, "result": "Done: fixed it."},
+]) + "\n"
+GEMINI_OUT = json.dumps({"response": "All good.", "stats": {"models": {}}})
+OPENCODE_OUT = json.dumps({"type": "text", "part": {"type": "text", "text": "opencode did it"}}) + "\n"
+
+CASES = {
+    # name: (stdout, expected summary, expected claim)
+    "codex": (CODEX_OUT, "Fixed the bug.", "completed"),
+    "claude": (CLAUDE_OUT, "Done: fixed it.", "completed"),
+    "gemini": (GEMINI_OUT, "All good.", "completed"),
+    "grok": ("I changed main.py\n", "I changed main.py", None),
+    "opencode": (OPENCODE_OUT, "opencode did it", None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_builtin_adapter_argv_cwd_stdin_and_output(repo, fake, name):
+    stdout, summary, claim = CASES[name]
+    agent = fake(name, Behaviour(stdout=stdout, writes={"touched.txt": name}, version=f"{name} 9.9.9"))
+    res = run_agent(RunAgentRequest(agent=name, task="the task", repo=str(repo), ticket="T", validateCommand="true"))
+    assert res.status is Status.completed, res
+    call = agent.calls()[0]
+    wt = res.worktree_path
+    # The argv itself is checked against the real CLIs (test_real_clis.py); here: the host passes exactly
+    # the declared template, placeholders filled, the workspace where the CLI reads it.
+    template = builtin_agents()[name].command
+    assert call["argv"][1:] == [a.replace("{worktree}", wt).replace("{prompt}", "the task") for a in template[1:]]
+    assert any(wt in a for a in call["argv"]) or call["cwd"] == wt
+    assert call["cwd"] == wt
+    prompt_on_stdin = builtin_agents()[name].prompt == "stdin"
+    assert call["stdin_devnull"] is (not prompt_on_stdin)
+    assert call["stdin"] == ("the task" if prompt_on_stdin else "")
+    assert res.summary == summary and res.claimed_status == claim
+    assert res.agent_version == f"{name} 9.9.9"
+    assert (Path(wt) / "touched.txt").read_text() == name
+    assert res.needs_human_review is False
+
+
+def test_claude_is_error_beats_subtype_success(repo, fake):
+    out = json.dumps({"type": "result", "subtype": "success", "is_error": True, "result": "Not logged in · Please run /login"})
+    fake("claude", Behaviour(stdout=out + "\n", exit_codes=[1]))
+    res = run_agent(RunAgentRequest(agent="claude", task="t", repo=str(repo), ticket="T"))
+    assert res.status is Status.failed and res.claimed_status == "failed" and "Not logged in" in res.summary
+
+
+def test_gemini_error_json_on_stderr(repo, fake):
+    err = json.dumps({"error": {"type": "Error", "message": "Please set an Auth method", "code": 41}})
+    fake("gemini", Behaviour(stderr=err, exit_codes=[41]))
+    res = run_agent(RunAgentRequest(agent="gemini", task="t", repo=str(repo), ticket="T"))
+    assert res.status is Status.failed and res.claimed_status == "failed" and "Auth method" in res.summary
+
+
+def test_grok_exit_zero_on_429_is_not_rate_limited_and_claim_is_failed(repo, fake):
+    fake("grok", Behaviour(stdout="Sorry, I encountered an error: Grok API error: 429\n"))
+    res = run_agent(RunAgentRequest(agent="grok", task="t", repo=str(repo), ticket="T", validateCommand="true"))
+    assert res.status is Status.completed and res.claimed_status == "failed"
+    assert res.needs_human_review and "the agent changed no files" in res.known_risks
+
+
+def test_user_adapter_overrides_and_patterns(tmp_path, repo, fake):
+    fake("mine", Behaviour(exit_codes=[7], stderr="BACKOFF-PLEASE"))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[agents.mine]\ncommand = ["mine", "{prompt}"]\nrate_limit_patterns = ["BACKOFF-PLEASE"]\n')
+    res = run_agent(RunAgentRequest(agent="mine", task="t", repo=str(repo), ticket="T"), config=load_config(cfg))
+    assert res.status is Status.rate_limited
+
+
+@pytest.mark.parametrize("text,needle", [
+    ('[agents.a]\ncommand = []\n', "command"),
+    ('[agents.a]\ncommand = ["x"]\n', "needs a {prompt} placeholder"),
+    ('[agents.a]\ncommand = ["x", "{nope}"]\n', "unknown placeholder {nope}"),
+    ('[agents.a]\ncommand = ["x", "{prompt}"]\nprompt = "carrier-pigeon"\n', "prompt"),
+    ('[agents.a]\ncommand = ["x", "{prompt}"]\nrate_limit_patterns = ["("]\n', "not a valid regular expression"),
+    ('[agents.a]\ncommand = ["x", "{prompt}"]\napproved = true\n', "approved"),
+    ('[agents.a]\ncommand = ["x", "{prompt}"]\noutput = "xml"\n', "output 'xml'"),
+    ('agents = 3\n', "must be a table"),
+    ('this is not toml = = =\n', "not valid TOML"),
+    ('confine = "maybe"\n', "confine"),
+])
+def test_bad_config_is_one_clear_error(tmp_path, text, needle):
+    p = tmp_path / "c.toml"
+    p.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(p)
+    assert needle in str(info.value) and str(p) in str(info.value)
+
+
+def test_missing_config_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot be read"):
+        load_config(tmp_path / "nope.toml")
+
+
+def test_config_found_via_env_and_home(tmp_path, monkeypatch, proctor_home):
+    (proctor_home / "config.toml").write_text('[agents.homeagent]\ncommand = ["x", "{prompt}"]\n')
+    assert "homeagent" in load_config().agents
+    other = tmp_path / "env.toml"
+    other.write_text('[agents.envagent]\ncommand = ["x", "{prompt}"]\n')
+    monkeypatch.setenv("PROCTOR_CONFIG", str(other))
+    agents = load_config().agents
+    assert "envagent" in agents and "homeagent" not in agents and "codex" in agents

@@ -1,0 +1,177 @@
+"""The process runner on real processes: deadline, whole-tree kill, bounded tails, stdin handling.
+
+Each "killed" test has a control showing the same payload survives a naive host, so the kill is evidence.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from proctor import cgroup
+from proctor.process import LocalRunner, Spawn, Tail
+
+PY = sys.executable
+CGROUP = cgroup.parent_dir() is not None
+
+# Double-forks a setsid daemon that keeps stdout/stderr open and records its pid, then the main process
+# either exits at once or sleeps (to be killed at the deadline).
+DAEMON = r"""
+import os, sys, time
+pidfile, main_sleep = sys.argv[1], float(sys.argv[2])
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        open(pidfile, "w").write(str(os.getpid()))
+        if len(sys.argv) > 3: os.environ.clear()
+        time.sleep(600); os._exit(0)
+    os._exit(0)
+os.wait()
+while not os.path.exists(pidfile): time.sleep(0.01)
+print("main done", flush=True)
+time.sleep(main_sleep)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _pid(pidfile: Path) -> int:
+    for _ in range(200):
+        if pidfile.exists() and pidfile.read_text():
+            return int(pidfile.read_text())
+        time.sleep(0.01)
+    raise AssertionError("daemon never wrote its pid")
+
+
+def _spawn(tmp_path, argv, **kw) -> Spawn:
+    return Spawn(argv=argv, cwd=tmp_path, env=dict(os.environ), **kw)
+
+
+def test_control_naive_killpg_leaves_setsid_daemon_alive(tmp_path):
+    """Control: a process-group kill misses the daemon, and the pipe stays open."""
+    pidfile = tmp_path / "d.pid"
+    p = subprocess.Popen([PY, "-c", DAEMON, str(pidfile), "30"], stdout=subprocess.PIPE, start_new_session=True)
+    pid = _pid(pidfile)
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        time.sleep(0.2)
+        assert _alive(pid), "control failed: the daemon died without a tree kill"
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        p.stdout.close()
+
+
+@pytest.mark.parametrize("use_cgroup", [pytest.param(True, marks=pytest.mark.skipif(not CGROUP, reason="no writable cgroup v2 here")), False])
+def test_deadline_kills_whole_tree_including_setsid_daemon(tmp_path, use_cgroup):
+    pidfile = tmp_path / "d.pid"
+    t0 = time.monotonic()
+    ex = LocalRunner(use_cgroup=use_cgroup).run(_spawn(tmp_path, [PY, "-c", DAEMON, str(pidfile), "60"], deadline_s=1.5, term_grace_s=0.2))
+    took = time.monotonic() - t0
+    pid = _pid(pidfile)
+    assert ex.timed_out
+    assert ex.cleanup == ("cgroup" if use_cgroup else "subreaper")
+    assert not _alive(pid), "the setsid daemon survived the deadline"
+    assert took < 5, f"drain did not share the deadline: {took:.1f}s"
+    assert b"main done" in ex.stdout
+
+
+@pytest.mark.parametrize("use_cgroup", [pytest.param(True, marks=pytest.mark.skipif(not CGROUP, reason="no writable cgroup v2 here")), False])
+def test_daemon_left_after_a_normal_exit_is_killed_and_counted(tmp_path, use_cgroup):
+    pidfile = tmp_path / "d.pid"
+    t0 = time.monotonic()
+    ex = LocalRunner(use_cgroup=use_cgroup).run(_spawn(tmp_path, [PY, "-c", DAEMON, str(pidfile), "0"], deadline_s=30))
+    assert time.monotonic() - t0 < 5, "host waited on a pipe the daemon held"
+    assert ex.exit_code == 0 and not ex.timed_out
+    assert ex.leftovers_killed >= 1
+    assert not _alive(_pid(pidfile))
+
+
+@pytest.mark.skipif(not CGROUP, reason="no writable cgroup v2 here")
+def test_cgroup_catches_a_daemon_that_scrubbed_its_environment(tmp_path):
+    pidfile = tmp_path / "d.pid"
+    ex = LocalRunner().run(_spawn(tmp_path, [PY, "-c", DAEMON, str(pidfile), "0", "scrub"], deadline_s=30))
+    assert ex.leftovers_killed >= 1
+    assert not _alive(_pid(pidfile))
+
+
+def test_term_ignored_then_killed_after_grace(tmp_path):
+    code = "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    t0 = time.monotonic()
+    ex = LocalRunner().run(_spawn(tmp_path, [PY, "-c", code], deadline_s=1.0, term_grace_s=0.5))
+    assert ex.timed_out and ex.exit_code == -signal.SIGKILL
+    assert time.monotonic() - t0 < 4
+
+
+def test_fork_storm_is_bounded_by_the_deadline(tmp_path):
+    code = "import os,time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.01)\n    time.sleep(0.05)\n"
+    ex = LocalRunner().run(_spawn(tmp_path, [PY, "-c", code], deadline_s=1.0, term_grace_s=0.1))
+    assert ex.timed_out
+    time.sleep(0.2)
+    me = psutil.Process()
+    stragglers = [c for c in me.children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE]
+    assert not stragglers, f"{len(stragglers)} forks outlived the job"
+
+
+def test_tail_is_bounded_and_counts_what_it_dropped(tmp_path):
+    n = 64 * 1024 * 1024
+    code = f"import os\nb=b'a'*(1<<20)\nfor _ in range({n >> 20}): os.write(1, b)\nos.write(1, b'THE-END')"
+    ex = LocalRunner().run(_spawn(tmp_path, [PY, "-c", code], deadline_s=60, tail_bytes=1_000_000))
+    assert ex.exit_code == 0
+    assert len(ex.stdout) == 1_000_000 and ex.stdout.endswith(b"THE-END")
+    assert ex.stdout_dropped == n + 7 - 1_000_000
+
+
+def test_tail_unit():
+    t = Tail(10)
+    for i in range(100):
+        t.add(bytes([65 + i % 26]) * 3)
+    assert len(t.data) == 10 and t.total == 300 and t.dropped == 290
+
+
+def test_stdin_is_dev_null_unless_given(tmp_path):
+    code = "import os,sys; st=os.fstat(0); print(os.major(st.st_rdev), os.minor(st.st_rdev), repr(sys.stdin.read()))"
+    ex = LocalRunner().run(_spawn(tmp_path, [PY, "-c", code], deadline_s=10))
+    assert ex.stdout.decode().split()[:3] == ["1", "3", "''"]  # /dev/null is char 1:3
+    ex2 = LocalRunner().run(_spawn(tmp_path, [PY, "-c", "import sys; print(len(sys.stdin.read()))"], deadline_s=10, stdin=b"x" * 500_000))
+    assert ex2.stdout.strip() == b"500000"
+
+
+def test_watch_reason_ends_the_run_early(tmp_path):
+    code = "import time; print('STOP-NOW', flush=True); time.sleep(60)"
+    t0 = time.monotonic()
+    ex = LocalRunner().run(_spawn(tmp_path, [PY, "-c", code], deadline_s=30, term_grace_s=0.2,
+                                  watch=lambda s, c: "saw stop" if b"STOP-NOW" in c else None))
+    assert ex.killed_reason == "saw stop" and not ex.timed_out and ex.exit_code != 0
+    assert time.monotonic() - t0 < 5
+
+
+def test_poll_reason_ends_the_run_and_control_runs_to_the_end(tmp_path):
+    code = "import time; time.sleep(1.0); print('finished')"
+    flag = {"n": 0}
+
+    def poll():
+        flag["n"] += 1
+        return "stopped by test" if flag["n"] > 2 else None
+
+    ex = LocalRunner().run(_spawn(tmp_path, [PY, "-c", code], deadline_s=30, poll=poll, term_grace_s=0.2))
+    assert ex.killed_reason == "stopped by test" and b"finished" not in ex.stdout
+    control = LocalRunner().run(_spawn(tmp_path, [PY, "-c", code], deadline_s=30, poll=lambda: None))
+    assert control.ok and b"finished" in control.stdout
+
+
+def test_missing_executable_is_a_spawn_error_not_an_exception(tmp_path):
+    ex = LocalRunner().run(_spawn(tmp_path, ["/nonexistent/agent-cli"], deadline_s=5))
+    assert ex.exit_code is None and "FileNotFoundError" in (ex.spawn_error or "")
