@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Mapping
+from pathlib import Path
 
 from proctor.adapters.spec import AdapterSpec
 
@@ -17,7 +18,9 @@ VERSION_TIMEOUT_S = 15
 _cache: dict[tuple[str, int, tuple[str, ...]], str | None] = {}
 
 
-def agent_version(spec: AdapterSpec, env: Mapping[str, str]) -> str | None:
+def agent_version(spec: AdapterSpec, env: Mapping[str, str], cwd: Path) -> str | None:
+    """Asked in `cwd` (the job's private temp dir): even `--version` runs the agent's code, never in the
+    host's own working directory."""
     if spec.version_args is None:
         return None
     exe = shutil.which(spec.command[0], path=env.get("PATH"))
@@ -29,7 +32,7 @@ def agent_version(spec: AdapterSpec, env: Mapping[str, str]) -> str | None:
         return None
     if key not in _cache:
         try:
-            p = subprocess.run([exe, *spec.version_args], env=dict(env), stdin=subprocess.DEVNULL,
+            p = subprocess.run([exe, *spec.version_args], cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
                                capture_output=True, timeout=VERSION_TIMEOUT_S, start_new_session=True)
             line = (p.stdout or p.stderr).decode("utf-8", "replace").strip().splitlines()
             _cache[key] = line[0][:200] if p.returncode == 0 and line else None

@@ -156,7 +156,7 @@ def _poll(job: _Job) -> Callable[[], str | None] | None:
 
 def _launch_and_judge(job: _Job, wt: worktree.Worktree, argv, stdin, env, result: RunAgentResult) -> None:
     req, spec = job.request, job.spec
-    result.agent_version = agent_version(spec, env)
+    result.agent_version = agent_version(spec, env, Path(env["TMPDIR"]))
     patterns = Patterns.build(spec.rate_limit_patterns, spec.approval_patterns)
     last: Exit | None = None
     for attempt in range(1, MAX_ATTEMPTS + 1):
