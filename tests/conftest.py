@@ -10,6 +10,7 @@ import pytest
 
 from proctor.testing import Behaviour, FakeAgent
 
+UNCONFINED = 'confine = "off"\n'
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"}
 
@@ -18,6 +19,9 @@ GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
 def proctor_home(tmp_path_factory, monkeypatch) -> Path:
     home = tmp_path_factory.mktemp("proctor-home")
     monkeypatch.setenv("PROCTOR_HOME", str(home))
+    # Fakes record their calls beside themselves, outside any worktree: host tests run unconfined unless
+    # they ask (the confinement tests do, and give the fake's record dir as a declared state dir).
+    (home / "config.toml").write_text(UNCONFINED)
     monkeypatch.delenv("PROCTOR_CONFIG", raising=False)
     for k, v in GIT_ENV.items():
         monkeypatch.setenv(k, v)

@@ -85,7 +85,7 @@ def test_grok_exit_zero_on_429_is_not_rate_limited_and_claim_is_failed(repo, fak
 def test_user_adapter_overrides_and_patterns(tmp_path, repo, fake):
     fake("mine", Behaviour(exit_codes=[7], stderr="BACKOFF-PLEASE"))
     cfg = tmp_path / "c.toml"
-    cfg.write_text('[agents.mine]\ncommand = ["mine", "{prompt}"]\nrate_limit_patterns = ["BACKOFF-PLEASE"]\n')
+    cfg.write_text('confine = "off"\n[agents.mine]\ncommand = ["mine", "{prompt}"]\nrate_limit_patterns = ["BACKOFF-PLEASE"]\n')
     res = run_agent(RunAgentRequest(agent="mine", task="t", repo=str(repo), ticket="T"), config=load_config(cfg))
     assert res.status is Status.rate_limited
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_repo, sh
+from conftest import UNCONFINED, make_repo, sh
 from proctor import RunAgentRequest, Status, run_agent
 from proctor.config import load_config
 from proctor.contract import Code
@@ -22,7 +22,7 @@ def req(repo: Path, agent: str = "claude", task: str = "fix the bug", **kw) -> R
 
 def user_config(tmp_path: Path, text: str):
     p = tmp_path / "config.toml"
-    p.write_text(text)
+    p.write_text(UNCONFINED + text)
     return load_config(p)
 
 

@@ -23,6 +23,16 @@ class ConfigError(Exception):
     """An unusable config file; the message names the file and the problem."""
 
 
+class BreakerSettings(BaseModel):
+    """Per-adapter circuit breaker: `threshold` consecutive failures open it for `cooldown_s`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    threshold: int = Field(default=3, ge=1)
+    cooldown_s: float = Field(default=300.0, gt=0)
+    backoff_s: float = Field(default=60.0, ge=0)
+
+
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -30,6 +40,7 @@ class Config(BaseModel):
     confine: Literal["auto", "required", "off"] = "auto"
     validate_timeout: int = Field(default=900, ge=1, le=14_400)
     term_grace: float = Field(default=2.0, ge=0, le=60)
+    breaker: BreakerSettings = Field(default_factory=BreakerSettings)
     source: str | None = None
 
     def adapter(self, name: str) -> AdapterSpec | None:

@@ -16,5 +16,6 @@ def main() -> None:
 
 
 # Command modules: each adds itself to `main` on import. One line per module, keep sorted.
+from proctor.cli import policy as _policy  # noqa: E402,F401
 from proctor.cli import run_agent as _run_agent  # noqa: E402,F401
 from proctor.cli import schema as _schema  # noqa: E402,F401

@@ -1,0 +1,66 @@
+"""bubblewrap: the argv prefix that gives one job a read-only root, private /tmp, and its own namespaces.
+
+Owns the bwrap flags and the order of the bind mounts. It never runs bwrap (detect.py tries it once).
+
+Measured here (research/sandbox.md 2d), and why each flag is not optional:
+- bwrap started by real root keeps every capability unless a `--cap-*` flag is given; with them,
+  `mount -o remount,rw /` worked inside and a write landed on the host. Hence `--unshare-user --cap-drop ALL`.
+- Even then uid 0 could write /proc/sys/kernel/core_pattern (a route to host root). Hence the read-only
+  re-bind of /proc/sys.
+- `--unshare-all` gives a network namespace (UDP and TCP go nowhere) and a pid namespace (the tree dies
+  with its pid 1); `--share-net` only when the job may use the network.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from proctor.confine.request import ConfineRequest
+
+PRIVATE_TMPFS = ("/tmp", "/run", "/var/tmp")
+
+
+def _tmpfs_dirs() -> list[str]:
+    return [d for d in PRIVATE_TMPFS if os.path.isdir(d) and not os.path.islink(d)]
+
+
+def private_writable() -> tuple[Path, ...]:
+    """Dirs that are fresh, job-only mounts inside the sandbox (tmpfs and --dev's /dev/shm): safe to write."""
+    return (*(Path(d) for d in _tmpfs_dirs()), Path("/dev/shm"))
+
+
+def _depth(path: Path) -> int:
+    return len(path.parts)
+
+
+def bwrap_args(bwrap: str, req: ConfineRequest, extra_ro: tuple[Path, ...] = ()) -> list[str]:
+    """`bwrap ... --`; the caller appends the command. `extra_ro` are files the command itself needs
+    (the Landlock helper) that may sit under a path hidden by the private tmpfs."""
+    args = [bwrap, "--die-with-parent", "--new-session", "--unshare-all", "--unshare-user"]
+    if req.network:
+        args.append("--share-net")
+    args += ["--cap-drop", "ALL", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+             "--ro-bind", "/proc/sys", "/proc/sys"]
+    for d in _tmpfs_dirs():
+        args += ["--tmpfs", d]
+    # A hidden dir becomes an empty tmpfs, made read-only only after every deeper mount (the helper may
+    # sit inside $PROCTOR_HOME) has created its mount point; a hidden file becomes /dev/null.
+    mounts: list[tuple[Path, list[str]]] = [
+        (h, ["--tmpfs", str(h)] if h.is_dir() else ["--ro-bind", "/dev/null", str(h)])
+        for h in req.hidden if h.exists()]
+    mounts += [(p, ["--ro-bind-try", str(p), str(p)]) for p in (*req.readonly, *extra_ro)]
+    mounts += [(p, ["--bind", str(p), str(p)]) for p in req.writable]
+    if req.network:
+        # A resolv.conf that points into /run (systemd-resolved) would vanish under the private /run.
+        resolv = Path(os.path.realpath("/etc/resolv.conf"))
+        if resolv.parts[:2] == ("/", "run"):
+            mounts.append((resolv, ["--ro-bind-try", str(resolv), str(resolv)]))
+    # Deeper mounts go later so the most specific rule wins: an rw ref dir inside the ro common dir, an ro
+    # `.git` pointer inside the rw worktree. Ties keep hidden, ro, rw order, which only matters for equal paths.
+    for _, op in sorted(mounts, key=lambda m: _depth(m[0])):
+        args += op
+    for h in req.hidden:
+        if h.is_dir():
+            args += ["--remount-ro", str(h)]
+    return [*args, "--chdir", str(req.worktree), "--"]

@@ -1,0 +1,129 @@
+"""Choosing a Confiner for a policy and wrapping one agent argv into the plan the process runner spawns.
+
+Owns the Confiner seam, which layers a policy gets on this machine, and the gaps each combination leaves.
+It never spawns, never joins the cgroup (proctor.cgroup, via the runner, does) and never weakens silently:
+the plan's `confinement`, `details` and `gaps` say exactly what enforced what.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal, Protocol
+
+from proctor.confine.bwrap import bwrap_args, private_writable
+from proctor.confine.detect import Capabilities
+from proctor.confine.landlock import helper_args
+from proctor.confine.request import ConfinePlan, ConfineRequest, Confinement, Unavailable
+
+Mode = Literal["auto", "required", "off"]
+
+
+class Confiner(Protocol):
+    @property
+    def name(self) -> Confinement: ...
+
+    def wrap(self, argv: Sequence[str], req: ConfineRequest) -> ConfinePlan | Unavailable: ...
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path != root and path.is_relative_to(root)
+
+
+def _gaps(req: ConfineRequest, bwrap: bool, landlock_abi: int, netns: bool) -> list[str]:
+    gaps = ["reads are allowed everywhere but the hidden paths: secrets elsewhere (~/.ssh, cloud credentials) "
+            "stay readable unless the adapter declares them hidden",
+            "hard links planted by the host in the worktree are writable in every mode: the host must "
+            "refuse to start on one (refuse_hard_links)",
+            "the object store is writable: the agent can add objects and rewrite existing loose ones its uid "
+            "owns (all of them when it runs as root; git fsck detects it)"]
+    if not req.network:
+        where = "outside /tmp, /run and /var/tmp" if bwrap else "anywhere"
+        gaps.append(f"pathname unix sockets {where} stay connectable with network off (Landlock ABI < 9)")
+        if not bwrap and not netns:
+            gaps.append("UDP is not blocked with network off (Landlock has no UDP rights; needs a netns)")
+        if not bwrap and not netns and landlock_abi < 4:
+            gaps.append(f"TCP is not blocked with network off (Landlock ABI {landlock_abi} < 4)")
+    if not bwrap:
+        if landlock_abi < 6:
+            gaps.append(f"signals and abstract unix sockets are not scoped (Landlock ABI {landlock_abi} < 6)")
+        gaps += [f"{ro} is writable: Landlock cannot make a path read-only inside the writable root {rw}"
+                 for ro in req.readonly for rw in req.writable if _inside(ro, rw)]
+        gaps += [f"{h} is readable: Landlock cannot hide a path inside the writable root {rw}"
+                 for h in req.hidden for rw in req.writable if _inside(h, rw)]
+    return gaps
+
+
+@dataclass(frozen=True)
+class LayeredConfiner:
+    """bwrap outside, the Landlock helper inside, either alone, or neither (`none`, for mode off/auto)."""
+
+    caps: Capabilities
+    use_bwrap: bool
+    use_landlock: bool
+    why_none: str = ""
+
+    @property
+    def name(self) -> Confinement:
+        layers = [n for n, on in (("bwrap", self.use_bwrap), ("landlock", self.use_landlock)) if on]
+        return "+".join(layers) or "none"  # type: ignore[return-value]
+
+    def wrap(self, argv: Sequence[str], req: ConfineRequest) -> ConfinePlan | Unavailable:
+        env = {"TMPDIR": str(req.tmpdir)}
+        if self.name == "none":
+            details = {"files": "none", "network": "open", "cleanup": "runner", "uid": str(self.caps.uid)}
+            return ConfinePlan(list(argv), env, "none", details, [f"no confinement: {self.why_none}"])
+        missing = [str(p) for p in req.writable if not p.exists()]
+        if missing:
+            return Unavailable(f"writable roots must exist before a bind or a Landlock rule: {missing}")
+        cmd = list(argv)
+        abi = self.caps.landlock_abi if self.use_landlock else 0
+        # Without bwrap, root can still give the agent an empty network namespace (measured: Landlock
+        # alone let a UDP packet through, research/sandbox.md 2c).
+        netns = self.use_landlock and not self.use_bwrap and not req.network and self.caps.helper_netns
+        if self.use_landlock:
+            assert self.caps.helper is not None
+            # Under bwrap the hidden paths are already empty mounts, and host paths that the read rules
+            # would name (siblings under /tmp) do not exist inside: Landlock there reads from `/`.
+            inner = replace(req, hidden=()) if self.use_bwrap else req
+            private = private_writable() if self.use_bwrap else ()
+            cmd = helper_args(self.caps.helper, inner, abi, private, netns=netns) + cmd
+        if self.use_bwrap:
+            assert self.caps.bwrap is not None
+            extra = (self.caps.helper,) if self.use_landlock and self.caps.helper else ()
+            cmd = bwrap_args(self.caps.bwrap, req, extra) + cmd
+        details = self._details(req, abi, netns)
+        return ConfinePlan(cmd, env, self.name, details, _gaps(req, self.use_bwrap, abi, netns))
+
+    def _details(self, req: ConfineRequest, abi: int, netns: bool) -> dict[str, object]:
+        layers = (("netns", self.use_bwrap or netns), ("landlock-tcp", abi >= 4))
+        net = "+".join(n for n, on in layers if on)
+        return {
+            "files": self.name,
+            "network": "open" if req.network else net,
+            "cleanup": "pidns" if self.use_bwrap else "runner",
+            "landlock_abi": abi or None,
+            "bwrap_version": self.caps.bwrap_version if self.use_bwrap else None,
+            "uid": "0 in a user namespace, no capabilities" if self.use_bwrap and self.caps.uid == 0
+            else f"{self.caps.uid}, no capabilities" if self.use_landlock else str(self.caps.uid),
+        }
+
+
+def choose(mode: Mode, caps: Capabilities) -> Confiner | Unavailable:
+    """The strongest confiner this machine gives for a policy.
+
+    off: `none`. auto: bwrap+landlock > bwrap > landlock > none (the host records a risk for none).
+    required: like auto, but with neither layer it is Unavailable and nothing may launch.
+    """
+    if mode not in ("auto", "required", "off"):
+        raise ValueError(f"confine mode {mode!r} must be auto, required or off")
+    if mode == "off":
+        return LayeredConfiner(caps, False, False, "confinement is off by request")
+    use_bwrap, use_landlock = caps.bwrap is not None, caps.landlock
+    if not use_bwrap and not use_landlock:
+        why = f"bwrap: {caps.bwrap_reason}; landlock: {caps.landlock_reason}, helper: {caps.helper_reason}"
+        if mode == "required":
+            return Unavailable(f"confinement is required and this machine has none ({why})")
+        return LayeredConfiner(caps, False, False, why)
+    return LayeredConfiner(caps, use_bwrap, use_landlock)

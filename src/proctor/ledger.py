@@ -1,0 +1,305 @@
+"""The ledger: one append-only, hash-chained SQLite file (WAL) under `$PROCTOR_HOME`.
+
+Owns the file `ledger.sqlite3`, its schema migrations, the chain of rows and the head file `ledger.head`.
+Every job start and end, every gate decision and refusal, every breaker transition is a row. It never
+decides anything and never rewrites or deletes a row: edits, deletions, re-orderings and a cut tail are
+what `verify` finds.
+
+Each row's `hash` is sha256 over canonical JSON of [prev_hash, id, ts, kind, job_id, payload], where
+`prev_hash` is the previous row's hash (`GENESIS` for the first). Row ids are in the hash, so moving a row
+breaks it. The chain alone cannot show that rows were cut from the end, so `ledger.head` beside the file
+holds the last row's id and hash; it is rewritten inside the same write transaction as the row.
+
+Without a secret key anyone who can write the file can recompute the whole chain: the chain makes an edit
+detectable, not impossible. SQLite triggers refuse UPDATE and DELETE on rows as a guard against accidents.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from proctor.home import ensure_home
+
+LEDGER_FILE = "ledger.sqlite3"
+GENESIS = "0" * 64
+BUSY_TIMEOUT_S = 30.0
+
+T = TypeVar("T")
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = []
+migration = MIGRATIONS.append
+
+
+@migration
+def m001_rows(db: sqlite3.Connection) -> None:
+    db.execute(
+        """CREATE TABLE rows (
+            id INTEGER PRIMARY KEY,
+            ts TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            job_id TEXT,
+            payload TEXT NOT NULL,
+            prev_hash TEXT NOT NULL,
+            hash TEXT NOT NULL
+        )"""
+    )
+    db.execute("CREATE INDEX rows_kind ON rows (kind)")
+    db.execute("CREATE INDEX rows_job ON rows (job_id)")
+    for verb in ("update", "delete"):
+        db.execute(
+            f"CREATE TRIGGER rows_no_{verb} BEFORE {verb.upper()} ON rows"
+            " BEGIN SELECT RAISE(ABORT, 'ledger is append-only'); END"
+        )
+
+
+@migration
+def m002_breaker(db: sqlite3.Connection) -> None:
+    # The circuit breaker's current state (mutable, one row per adapter); its transitions go in `rows`.
+    db.execute(
+        """CREATE TABLE breaker (
+            adapter TEXT PRIMARY KEY,
+            state TEXT NOT NULL,
+            failures INTEGER NOT NULL,
+            opened_at REAL,
+            trial_at REAL,
+            backoff_until REAL
+        )"""
+    )
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def row_hash(prev_hash: str, row_id: int, ts: str, kind: str, job_id: str | None, payload: str) -> str:
+    # Canonical JSON of a list, not a joined string: a separator inside a field cannot forge another row.
+    material = canonical_json([prev_hash, row_id, ts, kind, job_id, payload])
+    return hashlib.sha256(material.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Row:
+    id: int
+    ts: str
+    kind: str
+    job_id: str | None
+    payload: dict[str, Any]
+    prev_hash: str
+    hash: str
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A row to append, as returned by an `update` callback."""
+
+    kind: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    job_id: str | None = None
+
+
+class Ledger:
+    """`Ledger(path)` opens (creating and migrating) the ledger at `path`; `Ledger.default()` the one under
+    `$PROCTOR_HOME`. Safe from several threads (one connection behind a lock) and several processes (WAL,
+    busy timeout, every append in one BEGIN IMMEDIATE transaction). Close it with `close()` or `with`.
+    """
+
+    def __init__(self, path: Path | str) -> None:
+        self._path = Path(path)
+        self._head_path = self._path.with_suffix(".head")
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._db: sqlite3.Connection | None = sqlite3.connect(
+            self._path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+        )
+        self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        self._db.execute("PRAGMA journal_mode = WAL")
+        self._db.execute("PRAGMA synchronous = NORMAL")
+        self._migrate()
+
+    @classmethod
+    def default(cls) -> Ledger:
+        return cls(ensure_home() / LEDGER_FILE)
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def head_path(self) -> Path:
+        return self._head_path
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+    def _conn(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise ValueError(f"ledger {self._path} is closed")
+        return self._db
+
+    def _migrate(self) -> None:
+        db = self._conn()
+        with self._lock:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)")
+                applied = {name for (name,) in db.execute("SELECT name FROM _migrations")}
+                for fn in MIGRATIONS:
+                    if fn.__name__ not in applied:
+                        fn(db)
+                        db.execute("INSERT INTO _migrations VALUES (?, ?)", (fn.__name__, _now()))
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+
+    def migrations(self) -> list[str]:
+        """Names of the applied migrations, in the order they were applied."""
+        with self._lock:
+            return [name for (name,) in self._conn().execute("SELECT name FROM _migrations ORDER BY rowid")]
+
+    def append(self, kind: str, payload: dict[str, Any], *, job_id: str | None = None) -> int:
+        """Append one row and return its id. `payload` must be JSON (no NaN); anything else is a TypeError."""
+        return self.update(lambda _db: (None, [Entry(kind, payload, job_id)]))[1][0]
+
+    def update(self, apply: Callable[[sqlite3.Connection], tuple[T, Sequence[Entry]]]) -> tuple[T, list[int]]:
+        """Run `apply(db)` -> (result, entries) and append the entries, all in one write transaction.
+        Returns the result and the new row ids.
+
+        For state kept beside the chain in this file (the breaker's table): its change and the row that
+        records it commit together or not at all. `apply` must not open or end transactions.
+        """
+        db = self._conn()
+        with self._lock:
+            db.execute("BEGIN IMMEDIATE")
+            head_before: tuple[int, str] | None = None
+            try:
+                result, entries = apply(db)
+                ids: list[int] = []
+                if entries:
+                    last = db.execute("SELECT id, hash FROM rows ORDER BY id DESC LIMIT 1").fetchone()
+                    head_before = (last[0], last[1]) if last else (0, GENESIS)
+                    last_id, prev = head_before
+                    for entry in entries:
+                        payload = canonical_json(entry.payload)
+                        last_id += 1
+                        ts = _now()
+                        digest = row_hash(prev, last_id, ts, entry.kind, entry.job_id, payload)
+                        db.execute(
+                            "INSERT INTO rows (id, ts, kind, job_id, payload, prev_hash, hash)"
+                            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                            (last_id, ts, entry.kind, entry.job_id, payload, prev, digest),
+                        )
+                        ids.append(last_id)
+                        prev = digest
+                    # Written while this process holds the write lock, so heads land in row order.
+                    self._write_head(last_id, prev)
+                db.execute("COMMIT")
+                return result, ids
+            except BaseException:
+                db.execute("ROLLBACK")
+                if head_before is not None:
+                    self._restore_head(*head_before)
+                raise
+
+    def _restore_head(self, row_id: int, digest: str) -> None:
+        if row_id:
+            self._write_head(row_id, digest)
+        else:
+            self._head_path.unlink(missing_ok=True)
+
+    def _write_head(self, row_id: int, digest: str) -> None:
+        tmp = self._head_path.with_name(f".{self._head_path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(canonical_json({"id": row_id, "hash": digest}) + "\n", encoding="utf-8")
+        os.replace(tmp, self._head_path)
+
+    def read(self, query: Callable[[sqlite3.Connection], T]) -> T:
+        """Run a read-only `query(db)` on this file (for state kept beside the chain, as the breaker's)."""
+        with self._lock:
+            return query(self._conn())
+
+    def rows(self, kind: str | None = None, job_id: str | None = None) -> list[Row]:
+        """Rows in id order, optionally only one kind and/or one job."""
+        sql = "SELECT id, ts, kind, job_id, payload, prev_hash, hash FROM rows"
+        where, args = [], []
+        if kind is not None:
+            where.append("kind = ?")
+            args.append(kind)
+        if job_id is not None:
+            where.append("job_id = ?")
+            args.append(job_id)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        with self._lock:
+            raw = self._conn().execute(sql + " ORDER BY id", args).fetchall()
+        return [Row(r[0], r[1], r[2], r[3], _payload(r[4]), r[5], r[6]) for r in raw]
+
+    def verify(self) -> list[str]:
+        """Problems found, in row order (empty when intact); the first one names the first bad row id."""
+        with self._lock:
+            db = self._conn()
+            raw = db.execute("SELECT id, ts, kind, job_id, payload, prev_hash, hash FROM rows ORDER BY id").fetchall()
+            triggers = {n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
+        problems: list[str] = []
+        prev_id, prev_hash = 0, GENESIS
+        for row_id, ts, kind, job_id, payload, stored_prev, stored_hash in raw:
+            if row_id != prev_id + 1:
+                problems.append(f"row {prev_id + 1}: missing (row {row_id} follows row {prev_id})")
+            elif stored_prev != prev_hash:
+                problems.append(f"row {row_id}: chain broken (its prev_hash is not row {prev_id}'s hash)")
+            if row_hash(stored_prev, row_id, ts, kind, job_id, payload) != stored_hash:
+                problems.append(f"row {row_id}: content does not match its hash (edited)")
+            prev_id, prev_hash = row_id, stored_hash
+        problems.extend(self._check_head(prev_id, prev_hash, {r[0]: r[6] for r in raw}))
+        missing = {"rows_no_update", "rows_no_delete"} - triggers
+        if missing:
+            problems.append(f"ledger: append-only triggers removed: {', '.join(sorted(missing))}")
+        return problems
+
+    def _check_head(self, last_id: int, last_hash: str, hashes: dict[int, str]) -> list[str]:
+        try:
+            head = json.loads(self._head_path.read_text(encoding="utf-8"))
+            head_id, head_hash = int(head["id"]), str(head["hash"])
+        except FileNotFoundError:
+            if not last_id:
+                return []
+            return [f"row {last_id}: {self._head_path.name} is missing, so a cut tail cannot be ruled out"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return [f"row {last_id}: {self._head_path.name} is unreadable"]
+        if head_id > last_id:
+            return [f"row {last_id + 1}: missing ({self._head_path.name} names row {head_id}; the tail was cut)"]
+        if hashes.get(head_id) != head_hash:
+            return [f"row {head_id}: does not match {self._head_path.name} (edited or replaced)"]
+        if head_id < last_id:
+            return [f"row {head_id + 1}: after {self._head_path.name}'s row {head_id} (appended outside proctor?)"]
+        return []
+
+
+def _payload(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        # A tampered payload must not break listing; `verify` reports the row.
+        return {"unparseable": text}
+    return value if isinstance(value, dict) else {"value": value}
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds")

@@ -1,0 +1,191 @@
+"""The per-adapter circuit breaker: opens on consecutive failures, backs off on rate limits, one half-open
+trial, state shared through the ledger file, every transition a ledger row. Time is a fake clock."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from proctor.breaker import TRANSITION_KIND, Breaker, BreakerState, Signal, signal_for
+from proctor.contract import Code, Status
+from proctor.ledger import LEDGER_FILE, Ledger
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch) -> Path:
+    h = tmp_path / "proctor-home"
+    monkeypatch.setenv("PROCTOR_HOME", str(h))
+    return h
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    with Ledger(tmp_path / LEDGER_FILE) as led:
+        yield led
+
+
+@pytest.fixture
+def breaker(ledger, clock) -> Breaker:
+    return Breaker(ledger, threshold=3, cooldown_s=60, backoff_s=10, clock=clock)
+
+
+def fail(b: Breaker, n: int, adapter: str = "codex") -> None:
+    for _ in range(n):
+        b.record(adapter, Signal.failure)
+
+
+def test_opens_after_threshold_consecutive_failures(breaker):
+    fail(breaker, 2)
+    assert breaker.admit("codex").allowed  # control: one short of the threshold
+    fail(breaker, 1)
+    a = breaker.admit("codex")
+    assert not a.allowed and a.code is Code.CIRCUIT_OPEN and a.retry_at == 1_060.0
+    assert "3 consecutive failures" in a.reason
+    assert breaker.admit("claude").allowed  # per adapter
+
+
+def test_success_resets_the_count(breaker):
+    fail(breaker, 2)
+    breaker.record("codex", Signal.success)
+    fail(breaker, 2)
+    assert breaker.admit("codex").allowed and breaker.status("codex").failures == 2
+
+
+def test_neutral_neither_counts_nor_resets(breaker):
+    fail(breaker, 2)
+    breaker.record("codex", Signal.neutral)
+    assert breaker.status("codex").failures == 2
+    fail(breaker, 1)
+    assert not breaker.admit("codex").allowed
+
+
+def test_cooldown_then_one_trial(breaker, clock):
+    fail(breaker, 3)
+    clock.now += 59
+    assert not breaker.admit("codex").allowed
+    clock.now += 1
+    trial = breaker.admit("codex")
+    assert trial.allowed and trial.trial and breaker.status("codex").state is BreakerState.half_open
+    second = breaker.admit("codex")
+    assert not second.allowed and second.code is Code.CIRCUIT_OPEN and "trial" in second.reason
+
+
+def test_trial_success_closes(breaker, clock):
+    fail(breaker, 3)
+    clock.now += 60
+    assert breaker.admit("codex").trial
+    st = breaker.record("codex", Signal.success)
+    assert st.state is BreakerState.closed and st.failures == 0
+    assert breaker.admit("codex").allowed and not breaker.admit("codex").trial
+
+
+def test_trial_failure_reopens_for_a_new_cooldown(breaker, clock):
+    fail(breaker, 3)
+    clock.now += 60
+    assert breaker.admit("codex").trial
+    assert breaker.record("codex", Signal.failure).state is BreakerState.open
+    a = breaker.admit("codex")
+    assert not a.allowed and a.retry_at == clock.now + 60
+
+
+@pytest.mark.parametrize("signal", [Signal.neutral, Signal.rate_limited])
+def test_trial_showing_nothing_of_the_backend_is_released(breaker, clock, signal):
+    fail(breaker, 3)
+    clock.now += 60
+    assert breaker.admit("codex").trial
+    assert not breaker.admit("codex").allowed
+    breaker.record("codex", signal)
+    clock.now += 10  # past the rate-limit backoff as well
+    st = breaker.status("codex")
+    assert st.state is BreakerState.half_open and st.trial_at is None
+    assert breaker.admit("codex").trial
+
+
+def test_lost_trial_is_released_after_a_cooldown(breaker, clock):
+    fail(breaker, 3)
+    clock.now += 60
+    assert breaker.admit("codex").trial
+    clock.now += 59
+    assert not breaker.admit("codex").allowed
+    clock.now += 1
+    assert breaker.admit("codex").trial
+
+
+def test_rate_limit_backs_off_but_never_opens(breaker, clock):
+    for _ in range(5):
+        breaker.record("codex", Signal.rate_limited)
+    st = breaker.status("codex")
+    assert st.state is BreakerState.closed and st.failures == 0
+    a = breaker.admit("codex")
+    assert not a.allowed and a.code is Code.RATE_LIMITED and a.retry_at == clock.now + 10
+    clock.now += 10
+    assert breaker.admit("codex").allowed
+
+
+def test_rate_limit_honours_retry_after_capped_by_cooldown(breaker, clock):
+    breaker.record("codex", Signal.rate_limited, retry_after_s=30)
+    assert breaker.admit("codex").retry_at == clock.now + 30
+    breaker.record("codex", Signal.rate_limited, retry_after_s=10_000)
+    assert breaker.admit("codex").retry_at == clock.now + 60
+
+
+def test_threshold_and_cooldown_configurable(ledger, clock):
+    b = Breaker(ledger, threshold=1, cooldown_s=5, clock=clock)
+    b.record("x", Signal.failure)
+    assert not b.admit("x").allowed
+    clock.now += 5
+    assert b.admit("x").trial
+
+
+def test_bad_configuration_refused(ledger):
+    for kwargs in ({"threshold": 0}, {"cooldown_s": 0}, {"backoff_s": -1}):
+        with pytest.raises(ValueError):
+            Breaker(ledger, **kwargs)
+
+
+def test_state_is_shared_through_the_file(tmp_path, clock):
+    path = tmp_path / "shared" / LEDGER_FILE
+    with Ledger(path) as a, Ledger(path) as b:
+        fail(Breaker(a, clock=clock), 3)
+        assert not Breaker(b, clock=clock).admit("codex").allowed
+
+
+def test_transitions_are_ledger_rows(breaker, ledger, clock):
+    fail(breaker, 3)
+    clock.now += 60
+    breaker.admit("codex", job_id="j1")
+    breaker.record("codex", Signal.success, job_id="j1")
+    rows = ledger.rows(kind=TRANSITION_KIND)
+    assert [(r.payload["from"], r.payload["to"]) for r in rows] == [
+        ("closed", "open"), ("open", "half_open"), ("half_open", "closed")]
+    assert rows[-1].job_id == "j1" and rows[0].payload["failures"] == 3
+    assert ledger.verify() == []
+
+
+@pytest.mark.parametrize("status,code,signal", [
+    (Status.completed, Code.OK, Signal.success),
+    (Status.failed, Code.VALIDATION_FAILED, Signal.success),
+    (Status.failed, Code.AGENT_FAILED, Signal.failure),
+    (Status.timed_out, Code.TIMED_OUT, Signal.failure),
+    (Status.rate_limited, Code.RATE_LIMITED, Signal.rate_limited),
+    (Status.failed, Code.STOPPED, Signal.neutral),
+    (Status.failed, Code.INVALID_REQUEST, Signal.neutral),
+    (Status.approval_required, Code.APPROVAL_REQUIRED, Signal.neutral),
+    (Status.failed, Code.CIRCUIT_OPEN, Signal.neutral),
+])
+def test_signal_for_run_agent_results(status, code, signal):
+    assert signal_for(status, code) is signal

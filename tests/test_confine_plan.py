@@ -1,0 +1,151 @@
+"""Unit tests of the confine layer's decisions: which confiner a policy gets, the argv it builds, and the
+gaps it reports. No agent runs here; the hostile suite (test_confine_hostile.py) runs the real processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from proctor.confine import Capabilities, ConfineRequest, Unavailable, choose, detect
+from proctor.confine import helper as helper_mod
+from proctor.confine import landlock
+from proctor.contract import Code
+
+NONE = Capabilities(None, None, "bwrap not installed", 0, "ENOSYS", None, "no Landlock", False, None, 0)
+BOTH = replace(NONE, bwrap="/usr/bin/bwrap", bwrap_version="0.8.0", landlock_abi=7,
+               helper=Path("/h/landlock-exec"))
+
+
+@pytest.fixture
+def req(tmp_path: Path) -> ConfineRequest:
+    wt, common, tmp = tmp_path / "wt", tmp_path / "main" / ".git", tmp_path / "tmp"
+    for d in (wt, common / "objects", common / "worktrees" / "wt", tmp):
+        d.mkdir(parents=True)
+    (wt / ".git").write_text(f"gitdir: {common}/worktrees/wt\n")
+    return ConfineRequest(worktree=wt, git_paths=(common / "worktrees" / "wt", common / "objects"),
+                          readonly=(common.parent, common, wt / ".git"), tmpdir=tmp)
+
+
+def test_off_runs_argv_unchanged_and_says_so(req: ConfineRequest) -> None:
+    plan = choose("off", BOTH).wrap(["agent", "--x"], req)
+    assert plan.argv == ["agent", "--x"] and plan.confinement == "none"
+    assert plan.gaps == ["no confinement: confinement is off by request"]
+
+
+def test_required_fails_closed_auto_degrades_visibly(req: ConfineRequest) -> None:
+    refused = choose("required", NONE)
+    assert isinstance(refused, Unavailable) and refused.code == Code.CONFINEMENT_UNAVAILABLE
+    assert "bwrap not installed" in refused.reason and "ENOSYS" in refused.reason
+    plan = choose("auto", NONE).wrap(["agent"], req)
+    assert plan.confinement == "none" and plan.gaps[0].startswith("no confinement")
+
+
+@pytest.mark.parametrize(("caps", "name"), [
+    (BOTH, "bwrap+landlock"),
+    (replace(BOTH, helper=None, helper_reason="no C compiler"), "bwrap"),
+    (replace(BOTH, bwrap=None), "landlock"),
+])
+def test_strongest_available(caps: Capabilities, name: str) -> None:
+    assert choose("auto", caps).name == name
+    assert choose("required", caps).name == name
+
+
+def test_unknown_mode_is_a_bug() -> None:
+    with pytest.raises(ValueError):
+        choose("sometimes", BOTH)  # type: ignore[arg-type]
+
+
+def test_bwrap_profile_closes_the_measured_escapes(req: ConfineRequest) -> None:
+    argv = choose("auto", replace(BOTH, helper=None)).wrap(["agent"], req).argv
+    assert {"--unshare-all", "--unshare-user", "--die-with-parent", "--new-session"} <= set(argv)
+    assert argv[argv.index("--cap-drop") + 1] == "ALL" and "--share-net" not in argv
+    assert argv.index("--ro-bind", argv.index("--proc")) == argv.index("/proc/sys") - 1
+    pointer = argv.index(str(req.worktree / ".git"))
+    assert argv.index(str(req.worktree)) < pointer and argv[pointer - 1] == "--ro-bind-try"
+    assert argv[-2:] == ["--", "agent"]
+    shared = choose("auto", replace(BOTH, helper=None)).wrap(["agent"], replace(req, network=True)).argv
+    assert "--share-net" in shared
+
+
+def _rules(argv: list[str]) -> dict[str, int]:
+    end = argv.index("--")
+    return {r.split(":", 1)[1]: int(r.split(":", 1)[0]) for r in argv[5:end]}
+
+
+def test_landlock_rules_never_grant_device_nodes(req: ConfineRequest) -> None:
+    argv = landlock.helper_args(Path("/h"), req, 7)
+    assert argv[1:5] == [str((1 << 16) - 1), "3", "3", "0"]
+    rules = _rules(argv)
+    assert rules["/"] == landlock.READ_ONLY and "/tmp" not in rules
+    secret = req.worktree.parent / "secret"
+    secret.mkdir()
+    hidden = _rules(landlock.helper_args(Path("/h"), replace(req, hidden=(secret,)), 7))
+    assert hidden["/"] == landlock.READ_DIR and "/usr" in hidden  # listing anywhere, reading around it
+    assert not any(Path(p).is_relative_to(secret) for p in hidden)
+    for path, mask in rules.items():
+        assert not mask & (landlock.MAKE_CHAR | landlock.MAKE_BLOCK), path
+        if not os.path.isdir(path):
+            assert not mask & ~landlock.FILE_RIGHTS, path
+    assert "/tmp" in _rules(landlock.helper_args(Path("/h"), req, 7, (Path("/tmp"),)))
+
+
+@pytest.mark.parametrize(("abi", "net", "scoped"), [(1, "0", "0"), (4, "3", "0"), (6, "3", "3")])
+def test_landlock_asks_only_what_the_abi_knows(req: ConfineRequest, abi: int, net: str, scoped: str) -> None:
+    argv = landlock.helper_args(Path("/h"), req, abi)
+    assert argv[1:4] == [str(landlock.handled_fs(abi)), net, scoped]
+    assert landlock.helper_args(Path("/h"), replace(req, network=True), abi)[2] == "0"
+
+
+def test_landlock_only_reports_what_it_cannot_protect(req: ConfineRequest) -> None:
+    gaps = choose("auto", replace(BOTH, bwrap=None)).wrap(["agent"], req).gaps
+    assert any(g.startswith(f"{req.worktree / '.git'} is writable") for g in gaps)
+    assert any(g.startswith("UDP is not blocked") for g in gaps)
+    both = choose("auto", BOTH).wrap(["agent"], req).gaps
+    assert not any("UDP" in g or "is writable: Landlock" in g for g in both)
+    online = choose("auto", replace(BOTH, bwrap=None)).wrap(["agent"], replace(req, network=True)).gaps
+    assert not any("UDP" in g or "unix sockets" in g for g in online)
+
+
+def test_landlock_alone_as_root_adds_an_empty_netns(req: ConfineRequest) -> None:
+    confiner = choose("auto", replace(BOTH, bwrap=None, helper_netns=True))
+    plan = confiner.wrap(["agent"], req)
+    assert plan.argv[4] == "1" and plan.details["network"] == "netns+landlock-tcp"
+    assert not any("UDP" in g for g in plan.gaps)
+    assert confiner.wrap(["agent"], replace(req, network=True)).argv[4] == "0"
+    both = choose("auto", replace(BOTH, helper_netns=True)).wrap(["agent"], req).argv
+    assert both[both.index("--") + 5] == "0"  # under bwrap its own network namespace already covers it
+
+
+def test_details_name_every_layer(req: ConfineRequest) -> None:
+    d = choose("auto", BOTH).wrap(["agent"], req).details
+    assert d == {"files": "bwrap+landlock", "network": "netns+landlock-tcp", "cleanup": "pidns",
+                 "landlock_abi": 7, "bwrap_version": "0.8.0", "uid": "0 in a user namespace, no capabilities"}
+
+
+def test_missing_writable_root_is_refused_not_skipped(req: ConfineRequest) -> None:
+    plan = choose("auto", BOTH).wrap(["agent"], replace(req, state_dirs=(req.tmpdir / "absent",)))
+    assert isinstance(plan, Unavailable) and "absent" in plan.reason
+
+
+def test_detect_is_cached() -> None:
+    assert detect() is detect()
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler to build the helper")
+def test_helper_cache_is_built_once_and_must_be_trusted(tmp_path: Path) -> None:
+    first = helper_mod.build(tmp_path)
+    assert first.path is not None and first.reason.startswith("built")
+    assert helper_mod.build(tmp_path) == helper_mod.Helper(first.path, "cached")
+    os.chmod(first.path, 0o777)  # anyone could have swapped it
+    assert helper_mod.build(tmp_path).path is None
+
+
+def test_this_machine_gets_what_detect_found() -> None:
+    caps = detect()
+    expected = "+".join(n for n, on in (("bwrap", caps.bwrap is not None), ("landlock", caps.landlock)) if on)
+    got = choose("required", caps)
+    assert isinstance(got, Unavailable) if not expected else got.name == expected

@@ -1,0 +1,209 @@
+"""run_agent under the guards of issues 3 and 4: OS confinement, the stop switch, the breaker, the ledger.
+
+Each "blocked" case has a control where the same agent, unconfined (or not stopped, or closed breaker),
+does the thing, so the block is evidence.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import sh
+from proctor import RunAgentRequest, Status, run_agent
+from proctor.confine import detect
+from proctor.config import load_config
+from proctor.contract import Code
+from proctor.ledger import Ledger
+from proctor.stop import StopSwitch
+from proctor.testing import Behaviour
+
+CAPS = detect()
+CONFINED = CAPS.bwrap is not None or CAPS.landlock
+needs_confinement = pytest.mark.skipif(not CONFINED, reason="this kernel gives neither bubblewrap nor Landlock")
+PROCTOR = str(Path(sys.executable).with_name("proctor"))
+
+
+def shell_agent(tmp_path: Path, script: str, confine: str, extra: str = "") -> object:
+    p = tmp_path / f"cfg-{confine}.toml"
+    p.write_text(f'confine = "{confine}"\n[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(script)}]\n'
+                 f'prompt = "stdin"\nnetwork = false\n{extra}')
+    return load_config(p)
+
+
+def req(repo: Path, agent: str = "sh", **kw) -> RunAgentRequest:
+    return RunAgentRequest(agent=agent, task="t", repo=str(repo), ticket="T", **kw)
+
+
+@needs_confinement
+def test_write_outside_blocked_with_unconfined_control(tmp_path, repo):
+    outside = repo / "outside.txt"  # the main checkout (a path under /tmp would hit bwrap's private tmpfs)
+    script = f"echo in > inside.txt; echo out > {outside}; echo hook > {repo}/.git/hooks/pre-commit; true"
+    control = run_agent(req(repo), config=shell_agent(tmp_path, script, "off"))
+    assert control.confinement == "none" and outside.read_text() == "out\n", "control: unconfined write lands"
+    outside.unlink()
+    (repo / ".git/hooks/pre-commit").unlink()
+    res = run_agent(req(repo, validateCommand="true"), config=shell_agent(tmp_path, script, "auto"))
+    assert res.status is Status.completed and res.confinement in ("bwrap+landlock", "bwrap", "landlock")
+    assert (Path(res.worktree_path) / "inside.txt").read_text() == "in\n"
+    assert not outside.exists() and not (repo / ".git/hooks/pre-commit").exists()
+    assert any("confinement refused" in r for r in res.known_risks), res.known_risks
+    assert res.needs_human_review
+    assert sh("git", "status", "--porcelain", cwd=repo) == ""
+    assert Ledger.default().verify() == []
+
+
+@needs_confinement
+def test_agent_can_commit_on_its_own_branch_only(tmp_path, repo):
+    script = ("echo c > c.txt && git add c.txt && git -c user.email=a@b -c user.name=a commit -qm agent && "
+              "git update-ref refs/heads/master HEAD; true")
+    master = sh("git", "rev-parse", "master", cwd=repo)
+    res = run_agent(req(repo, validateCommand="true"), config=shell_agent(tmp_path, script, "required"))
+    assert res.status is Status.completed and res.agent_changed_files == ["c.txt"]
+    assert sh("git", "rev-parse", "master", cwd=repo) == master, "the agent moved master"
+    assert sh("git", "log", "-1", "--format=%s", res.branch, cwd=repo).strip() == "agent"
+
+
+@needs_confinement
+def test_validation_runs_confined_too(tmp_path, repo):
+    # The main checkout: under bwrap a write under /tmp would land in the job's private tmpfs, unseen.
+    outside = repo / "from-validation.txt"
+    cfg = shell_agent(tmp_path, "echo x > a.txt", "auto")
+    res = run_agent(req(repo, validateCommand=f"echo v > {outside}"), config=cfg)
+    assert not outside.exists() and res.status is Status.failed and res.code is Code.VALIDATION_FAILED
+    control = run_agent(req(repo, validateCommand=f"echo v > {outside}"), config=shell_agent(tmp_path, "echo x > a.txt", "off"))
+    assert control.status is Status.completed and outside.read_text() == "v\n"
+
+
+def _sleepers(tag: str) -> set[int]:
+    out = set()
+    for p in psutil.process_iter():
+        try:
+            if tag in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE:
+                out.add(p.pid)
+        except psutil.Error:
+            pass
+    return out
+
+
+@needs_confinement
+def test_setsid_daemon_dies_with_a_confined_job(tmp_path, repo):
+    tag = "317.25"  # a sleep length no other process uses
+    cfg = shell_agent(tmp_path, f"setsid sleep {tag} & echo x > a.txt; sleep 0.2", "auto")
+    res = run_agent(req(repo, validateCommand="true"), config=cfg)
+    assert res.status is Status.completed
+    assert not _sleepers(tag), "a setsid daemon outlived its confined job"
+    # control: the same daemon started without proctor does outlive its parent
+    subprocess.run(["/bin/sh", "-c", f"setsid sleep {tag} &"], check=True)
+    time.sleep(0.2)
+    left = _sleepers(tag)
+    assert left, "control failed: the daemon did not start"
+    for pid in left:
+        os.kill(pid, 9)
+
+
+def _restricted_path(tmp_path: Path) -> str:
+    """A PATH with git and a python but no bwrap and no C compiler: a machine that gives no confinement."""
+    d = tmp_path / "poorbin"
+    d.mkdir()
+    for tool in ("git", "sh", "env"):
+        os.symlink(subprocess.check_output(["which", tool], text=True).strip(), d / tool)
+    return str(d)
+
+
+def test_required_fails_closed_where_the_machine_gives_nothing_with_auto_control(tmp_path, repo):
+    marker = tmp_path / "launched"
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[agents.sh]\ncommand = ["/bin/sh", "-c", "echo x > a.txt; : > {marker}"]\nprompt = "stdin"\n')
+    env = {**os.environ, "PATH": _restricted_path(tmp_path), "PROCTOR_HOME": str(tmp_path / "fresh-home")}
+    base = [PROCTOR, "run-agent", "--agent", "sh", "--task", "t", "--repo", str(repo), "--ticket", "T",
+            "--config", str(cfg), "--validate-cmd", "true"]
+    p = subprocess.run([*base, "--confine", "required"], capture_output=True, text=True, env=env)
+    out = json.loads(p.stdout)
+    assert p.returncode == 1 and out["code"] == "CONFINEMENT_UNAVAILABLE" and not marker.exists(), out
+    p = subprocess.run([*base, "--confine", "auto"], capture_output=True, text=True, env=env)
+    out = json.loads(p.stdout)
+    assert out["status"] == "completed" and out["confinement"] == "none" and marker.exists(), out
+    assert any("ran unconfined" in r for r in out["known_risks"]) and out["needs_human_review"] is True
+
+
+def test_stop_kills_a_running_cli_agent_within_2s(repo, fake):
+    agent = fake("claude", Behaviour(sleep=120, ignore_term=True))
+    holder: dict = {}
+    t = threading.Thread(target=lambda: holder.setdefault("res", run_agent(req(repo, agent="claude"))))
+    t.start()
+    for _ in range(200):
+        if agent.calls():
+            break
+        time.sleep(0.05)
+    pid = agent.calls()[0]["pid"]
+    t0 = time.monotonic()
+    StopSwitch().engage("incident 42")
+    t.join(timeout=10)
+    took = time.monotonic() - t0
+    res = holder["res"]
+    assert res.status is Status.failed and res.code is Code.STOPPED, res
+    assert took < 2.0 + load_config().term_grace + 0.5 and not psutil.pid_exists(pid) or \
+        psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert any("incident 42" in r for r in res.known_risks) and len(agent.calls()) == 1
+    # stopped before launch: nothing runs; control after resume: it runs
+    again = run_agent(req(repo, agent="claude"))
+    assert again.code is Code.STOPPED and len(agent.calls()) == 1
+    StopSwitch().release()
+    agent.set(Behaviour(writes={"a": "1"}))
+    assert run_agent(req(repo, agent="claude", validateCommand="true")).status is Status.completed
+
+
+def test_stop_kill_latency(repo, fake):
+    """The kill itself (TERM honoured) lands well inside 2 s of `proctor stop`."""
+    agent = fake("claude", Behaviour(sleep=120))
+    holder: dict = {}
+    t = threading.Thread(target=lambda: holder.setdefault("res", run_agent(req(repo, agent="claude"))))
+    t.start()
+    while not agent.calls():
+        time.sleep(0.02)
+    t0 = time.monotonic()
+    subprocess.run([PROCTOR, "stop", "--reason", "now"], check=True, capture_output=True)
+    t.join(timeout=10)
+    assert time.monotonic() - t0 < 2.0 and holder["res"].code is Code.STOPPED
+    StopSwitch().release()
+
+
+def test_breaker_opens_after_consecutive_failures_and_refuses_without_launching(tmp_path, repo, fake):
+    agent = fake("mine", Behaviour(exit_codes=[1]))
+    cfg = tmp_path / "b.toml"
+    cfg.write_text('confine = "off"\n[breaker]\nthreshold = 2\ncooldown_s = 3600\n'
+                   '[agents.mine]\ncommand = ["mine", "{prompt}"]\n')
+    config = load_config(cfg)
+    for _ in range(2):
+        assert run_agent(req(repo, agent="mine"), config=config).code is Code.AGENT_FAILED
+    launched = len(agent.calls())
+    assert launched == 4  # two jobs, each retried once
+    res = run_agent(req(repo, agent="mine"), config=config)
+    assert res.code is Code.CIRCUIT_OPEN and res.status is Status.failed and len(agent.calls()) == launched
+    # control: another adapter is unaffected
+    other = fake("claude", Behaviour(writes={"a": "1"}))
+    assert run_agent(req(repo, agent="claude", validateCommand="true"), config=config).status is Status.completed
+    assert len(other.calls()) == 1
+
+
+def test_every_job_is_in_the_ledger_and_listed(repo, fake):
+    fake("claude", Behaviour(writes={"a": "1"}))
+    res = run_agent(req(repo, agent="claude", validateCommand="true"))
+    bad = run_agent(req(repo, agent="claude", branch="missing"))
+    ledger = Ledger.default()
+    kinds = [(r.kind, r.job_id) for r in ledger.rows() if r.kind.startswith("job.")]
+    assert ("job.start", res.job_id) in kinds and ("job.end", res.job_id) in kinds
+    assert ("job.end", bad.job_id) in kinds
+    assert ledger.verify() == []
+    p = subprocess.run([PROCTOR, "jobs", "--json"], capture_output=True, text=True, check=True)
+    listed = {j["jobId"] if "jobId" in j else j.get("job_id"): j for j in json.loads(p.stdout)}
+    assert listed[res.job_id]["status"] == "completed"

@@ -1,0 +1,143 @@
+"""The stop switch: a file under $PROCTOR_HOME that stops runs within 2 s, and its engage/release."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proctor.breaker import Breaker
+from proctor.gate import Gate
+from proctor.ledger import LEDGER_FILE, Ledger
+from proctor.policy import Ceilings, Policy
+from proctor.runtime import Availability, FinishedEvent, RunCode, StepEvent, Usage, run_agent
+from proctor.stop import DEFAULT_REASON, STOP_FILE, StopSwitch
+from proctor.task import AgentTask
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch) -> Path:
+    h = tmp_path / "proctor-home"
+    monkeypatch.setenv("PROCTOR_HOME", str(h))
+    return h
+
+
+def test_engage_reason_release(home):
+    s = StopSwitch()
+    assert s.path == home / STOP_FILE and s.reason() is None
+    s.engage("  deploy freeze \n")
+    assert s.reason() == "deploy freeze"
+    assert StopSwitch(home).reason() == "deploy freeze"  # every process sees it
+    s.release()
+    assert s.reason() is None
+    s.release()  # releasing twice is fine
+
+
+def test_empty_reason_still_stops(home):
+    StopSwitch().engage("")
+    assert StopSwitch().reason() == DEFAULT_REASON
+
+
+def test_engage_leaves_no_temp_files(home):
+    StopSwitch().engage("x")
+    assert sorted(p.name for p in home.iterdir()) == [STOP_FILE]
+
+
+def test_explicit_home_is_independent(tmp_path, home):
+    other = StopSwitch(tmp_path / "elsewhere")
+    other.engage("only there")
+    assert StopSwitch().reason() is None and other.reason() == "only there"
+
+
+def test_unreadable_stop_file_fails_closed(home):
+    (home / STOP_FILE).mkdir(parents=True)
+    assert StopSwitch().reason() == DEFAULT_REASON
+
+
+class Looping:
+    """Steps forever, as a busy agent would, until proctor stops it."""
+
+    name = "looping"
+
+    def available(self) -> Availability:
+        return Availability(available=True)
+
+    def run(self, task: AgentTask, *, gate: Gate, usage: Usage, stop: Callable[[], str | None]) -> Iterator[Any]:
+        while True:
+            time.sleep(0.02)
+            yield StepEvent()
+
+
+class SubprocessAgent:
+    """A one-step adapter that runs a child process and polls `stop`, the way a CLI adapter must."""
+
+    name = "subprocess"
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def available(self) -> Availability:
+        return Availability(available=True)
+
+    def run(self, task: AgentTask, *, gate: Gate, usage: Usage, stop: Callable[[], str | None]) -> Iterator[Any]:
+        self.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+        while self.proc.poll() is None:
+            if stop() is not None:
+                self.proc.kill()
+                self.proc.wait()
+                break
+            time.sleep(0.1)
+        yield FinishedEvent(output="exit", claimed_status="completed")
+
+
+def _run_then_stop(adapter: object, tmp_path: Path, ws: Path) -> tuple[Any, float]:
+    task = AgentTask.model_validate({"goal": "g", "permissions": {"workspace": str(ws)}})
+    policy = Policy(ceilings=Ceilings(max_steps=10**6))
+    engaged: list[float] = []
+
+    def stop_soon() -> None:
+        time.sleep(0.3)
+        engaged.append(time.monotonic())
+        StopSwitch().engage("operator pressed stop")
+
+    with Ledger(tmp_path / LEDGER_FILE) as ledger:
+        th = threading.Thread(target=stop_soon)
+        th.start()
+        out = run_agent(adapter, task, policy=policy, breaker=Breaker(ledger), ledger=ledger)
+        th.join()
+    return out, time.monotonic() - engaged[0]
+
+
+@pytest.mark.timeout(20)
+def test_stop_ends_a_running_in_process_agent_within_2s(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    out, after = _run_then_stop(Looping(), tmp_path, ws)
+    assert out.code is RunCode.STOPPED and "operator pressed stop" in out.reason
+    assert after < 2.0
+
+
+@pytest.mark.timeout(20)
+def test_stop_kills_an_adapters_child_process_within_2s(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    adapter = SubprocessAgent()
+    out, after = _run_then_stop(adapter, tmp_path, ws)
+    assert out.code is RunCode.STOPPED and out.claimed_status is None
+    assert adapter.proc is not None and adapter.proc.poll() is not None
+    assert after < 2.0
+    with pytest.raises(ProcessLookupError):
+        os.kill(adapter.proc.pid, 0)
+
+
+# TODO(lead): the CLI-agent half of "stop kills a running fake CLI agent within 2 s" needs host.py: start
+# `proctor run-agent` (or host.run_agent) with a FakeAgent that sleeps, engage StopSwitch() from another
+# thread, and assert the agent's process tree is gone within 2 s and the result is status `failed`, code
+# `STOPPED`, with a known_risks entry saying so. The host passes `StopSwitch().reason` as Spawn.poll.
