@@ -137,7 +137,5 @@ def test_stop_kills_an_adapters_child_process_within_2s(tmp_path):
         os.kill(adapter.proc.pid, 0)
 
 
-# TODO(lead): the CLI-agent half of "stop kills a running fake CLI agent within 2 s" needs host.py: start
-# `proctor run-agent` (or host.run_agent) with a FakeAgent that sleeps, engage StopSwitch() from another
-# thread, and assert the agent's process tree is gone within 2 s and the result is status `failed`, code
-# `STOPPED`, with a known_risks entry saying so. The host passes `StopSwitch().reason` as Spawn.poll.
+# The CLI-agent half (a running fake CLI agent killed within 2 s of `proctor stop`, status failed, code
+# STOPPED) drives the host: tests/test_run_agent_guarded.py::test_stop_kill_latency and its neighbours.
