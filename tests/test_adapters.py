@@ -123,3 +123,12 @@ def test_config_found_via_env_and_home(tmp_path, monkeypatch, proctor_home):
     monkeypatch.setenv("PROCTOR_CONFIG", str(other))
     agents = load_config().agents
     assert "envagent" in agents and "homeagent" not in agents and "codex" in agents
+
+
+def test_gemini_pretty_printed_error_after_a_banner():
+    from proctor.adapters.output import read_gemini
+
+    err = 'YOLO mode is enabled. All tool calls will be automatically approved.\n{\n  "error": {\n    "type": "Error",\n' \
+          '    "message": "Please set an Auth method",\n    "code": 41,\n    "details": [\n      {\n        "x": 1\n      }\n    ]\n  }\n}\n'
+    reading = read_gemini("", err)
+    assert reading.claimed_status == "failed" and reading.summary == "Please set an Auth method"

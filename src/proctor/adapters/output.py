@@ -37,15 +37,25 @@ def _json_lines(text: str) -> Iterator[dict[str, Any]]:
 
 
 def _last_json(text: str) -> dict[str, Any] | None:
-    text = text.strip()
-    try:
-        obj = json.loads(text)
-        return obj if isinstance(obj, dict) else None
-    except ValueError:
-        pass
+    """The last JSON object in `text`, which may follow a banner and span several lines.
+
+    Measured: real gemini prints a line of prose, then its error object pretty-printed over many lines, on
+    stderr; a per-line parse misses it.
+    """
+    decoder = json.JSONDecoder()
     found = None
-    for obj in _json_lines(text):
-        found = obj
+    offset = 0
+    skip_to = 0  # the end of the last object found: objects nested inside it are not candidates
+    for line in text.splitlines(keepends=True):
+        if offset >= skip_to and line.lstrip().startswith("{"):
+            start = offset + (len(line) - len(line.lstrip()))
+            try:
+                obj, end = decoder.raw_decode(text, start)
+            except ValueError:
+                obj, end = None, 0
+            if isinstance(obj, dict):
+                found, skip_to = obj, end
+        offset += len(line)
     return found
 
 
