@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from conftest import sh
-from proctor import RunAgentRequest, Status, run_agent
+from proctor import RunAgentRequest, Status, cgroup, run_agent
 from proctor.confine import detect
 from proctor.config import load_config
 from proctor.contract import Code
@@ -207,3 +207,30 @@ def test_every_job_is_in_the_ledger_and_listed(repo, fake):
     p = subprocess.run([PROCTOR, "jobs", "--json"], capture_output=True, text=True, check=True)
     listed = {j["jobId"] if "jobId" in j else j.get("job_id"): j for j in json.loads(p.stdout)}
     assert listed[res.job_id]["status"] == "completed"
+
+
+def test_a_crashed_host_leaves_an_interrupted_job_not_nothing(repo, fake):
+    agent = fake("claude", Behaviour(sleep=60))
+    p = subprocess.Popen([PROCTOR, "run-agent", "--agent", "claude", "--task", "t", "--repo", str(repo),
+                          "--ticket", "T"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    for _ in range(400):
+        if agent.calls():
+            break
+        time.sleep(0.025)
+    assert agent.calls(), "the agent never started"
+    p.kill()  # SIGKILL: no cleanup code runs
+    p.communicate(timeout=10)
+    out = json.loads(subprocess.run([PROCTOR, "jobs", "--json"], capture_output=True, text=True, check=True).stdout)
+    assert [j["status"] for j in out] == ["interrupted"], out
+    assert Ledger.default().verify() == []
+    orphan = agent.calls()[0]["pid"]
+    assert psutil.pid_exists(orphan), "control: the crashed host's agent runs on unwatched"
+    # The next job on this machine sweeps the dead host's job group.
+    agent.set(Behaviour(writes={"a": "1"}))
+    run_agent(req(repo, agent="claude", validateCommand="true"))
+    if cgroup.parent_dir() is not None:
+        time.sleep(0.1)
+        assert not psutil.pid_exists(orphan) or psutil.Process(orphan).status() == psutil.STATUS_ZOMBIE
+        assert any(r.kind == "host.orphans_killed" for r in Ledger.default().rows())
+    else:
+        os.kill(orphan, 9)

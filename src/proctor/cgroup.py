@@ -139,3 +139,31 @@ class JobGroup:
             except OSError:
                 # EBUSY until the last zombie is reaped by its parent.
                 time.sleep(0.01)
+
+
+def group_name(prefix: str) -> str:
+    """`<prefix>-<host pid>-<ns>`: unique, and names the host that owns the group (see `sweep_orphans`)."""
+    return f"{prefix}-{os.getpid()}-{time.monotonic_ns()}"
+
+
+def sweep_orphans() -> int:
+    """Kill and remove the groups of hosts that died without cleaning up (a `kill -9`ed listener, a crash).
+
+    Their agents would otherwise run on unwatched; returns how many processes were killed. A group whose
+    host pid is alive (or was reused) is left alone: conservative by construction.
+    """
+    parent = parent_dir()
+    if parent is None:
+        return 0
+    killed = 0
+    for d in parent.iterdir():
+        parts = d.name.rsplit("-", 2)
+        if not d.is_dir() or len(parts) != 3 or not parts[1].isdigit():
+            continue
+        if Path(f"/proc/{parts[1]}").exists():
+            continue
+        group = JobGroup(d)
+        killed += len(group.pids())
+        group.kill()
+        group.remove()
+    return killed

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from proctor import confine, validate, worktree
+from proctor import cgroup, confine, validate, worktree
 from proctor.adapters.output import READERS, WATCHERS
 from proctor.adapters.spec import AdapterSpec, TooLarge, build
 from proctor.agent_version import agent_version
@@ -104,6 +104,7 @@ def run_agent(
     if spec is None:
         known = ", ".join(sorted(config.agents))
         return refused(request, [f"unknown agent {request.agent!r} (known: {known})"], Code.UNKNOWN_AGENT, start)
+    orphans = cgroup.sweep_orphans()
     own_ledger = ledger is None
     try:
         ledger = ledger or Ledger.default()
@@ -115,6 +116,9 @@ def run_agent(
                        backoff_s=config.breaker.backoff_s),
                stop or StopSwitch())
     try:
+        if orphans:
+            # Agents of a host that died (kill -9, crash) ran on unwatched until now; the ledger says so.
+            ledger.append("host.orphans_killed", {"processes": orphans})
         ledger.append("job.start", {"jobId": job.job_id, "agent": request.agent, "ticket": request.ticket,
                                     "repo": request.repo, "mode": request.mode, "branch": request.branch},
                       job_id=job.job_id)

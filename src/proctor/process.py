@@ -25,7 +25,7 @@ from typing import Protocol
 
 import psutil
 
-from proctor.cgroup import JobGroup
+from proctor.cgroup import JobGroup, group_name
 
 TAIL_BYTES = 1_000_000
 READ_CHUNK = 1 << 16
@@ -207,7 +207,7 @@ class LocalRunner:
     def run(self, spawn: Spawn) -> Exit:
         start = time.monotonic()
         deadline = start + spawn.deadline_s
-        group = JobGroup.create(f"{spawn.name}-{os.getpid()}-{time.monotonic_ns()}") if self.use_cgroup else None
+        group = JobGroup.create(group_name(spawn.name)) if self.use_cgroup else None
         cleanup = "cgroup" if group is not None else ("subreaper" if _become_subreaper() else "pgid")
         marker_value = f"{spawn.name}:{time.monotonic_ns()}"
         env = dict(spawn.env)
