@@ -85,6 +85,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--files", type=int, default=2000)
     ap.add_argument("--gib", type=float, default=2.0)
+    ap.add_argument("--confine", default="off", choices=["off", "auto"],
+                    help="off: the issue-2 floor compares plain spawns; auto adds bwrap+landlock (see confine.py)")
     args = ap.parse_args()
     from proctor.config import load_config
 
@@ -92,7 +94,7 @@ def main() -> None:
         root = Path(tmp)
         os.environ["PROCTOR_HOME"] = str(root / "home")
         cfg_file = root / "config.toml"
-        cfg_file.write_text('[agents.noop]\ncommand = ["/bin/true"]\nprompt = "stdin"\n')
+        cfg_file.write_text(f'confine = "{args.confine}"\n[agents.noop]\ncommand = ["/bin/true"]\nprompt = "stdin"\n')
         config = load_config(cfg_file)
         repo = make_repo(root, args.files)
         proctor_once(repo, config)  # warm imports and caches once, outside the measurement
@@ -102,7 +104,7 @@ def main() -> None:
             floors.append(floor_once(repo, i))
             jobs.append(proctor_once(repo, config))
         f, j = statistics.median(floors), statistics.median(jobs)
-        print(f"no-op job, {args.files} files, median of {args.runs}: floor {f * 1000:.1f} ms, "
+        print(f"no-op job (confine {args.confine}), {args.files} files, median of {args.runs}: floor {f * 1000:.1f} ms, "
               f"proctor {j * 1000:.1f} ms, ratio {j / f:.2f}x (target <= 1.3x)")
     n = int(args.gib * (1 << 30))
     d = drain(n)

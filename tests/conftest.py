@@ -25,6 +25,8 @@ def proctor_home(tmp_path_factory, monkeypatch) -> Path:
     monkeypatch.delenv("PROCTOR_CONFIG", raising=False)
     for k, v in GIT_ENV.items():
         monkeypatch.setenv(k, v)
+    # Adapters' state dirs live under HOME (~/.codex, ~/.claude): never the real one.
+    monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))
     return home
 
 

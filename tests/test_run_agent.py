@@ -126,9 +126,9 @@ def test_two_failures_are_failed(repo, fake):
     assert res.tests_attempted == [], "validation must not run after the agent failed"
 
 
-def test_timeout_is_not_retried_and_kills_the_tree(repo, fake, monkeypatch):
+def test_timeout_is_not_retried_and_kills_the_tree(repo, fake):
     agent = fake("claude", Behaviour(sleep=120, daemon_pidfile=str(repo.parent / "d.pid")))
-    monkeypatch.setattr("proctor.contract.TIMEOUT_MIN_S", 1)
+    # model_construct skips the 60 s clamp so the test takes 2 s; the host takes the field as given.
     r = RunAgentRequest.model_construct(**{**req(repo).model_dump(), "timeout_sec": 2})
     res = run_agent(r)
     assert res.status is Status.timed_out and res.code is Code.TIMED_OUT and len(agent.calls()) == 1
@@ -228,10 +228,10 @@ def test_build_output_cannot_make_an_idle_agent_look_clean(repo, fake):
     assert res.needs_human_review and "the agent changed no files" in res.known_risks
 
 
-def test_failing_git_status_is_a_risk_not_no_changes(repo, fake):
-    # The agent corrupts its own index: status fails, and that must not read as "no changes".
+def test_failing_git_listing_is_a_risk_not_no_changes(repo, fake):
+    # Unconfined, the agent removes its own git metadata: listing fails, and that must not read as "no changes".
     cfg = user_config(repo.parent, '[agents.wreck]\ncommand = ["/bin/sh", "-c", '
-                      '"echo x > a.txt; printf garbage > $(git rev-parse --git-dir)/index"]\nprompt = "stdin"\n')
+                      '"echo x > a.txt; rm -rf $(git rev-parse --git-dir)"]\nprompt = "stdin"\n')
     res = run_agent(req(repo, agent="wreck", validateCommand=PASS), config=cfg)
     assert any("could not list the agent's changes" in r for r in res.known_risks), res.known_risks
     assert res.needs_human_review

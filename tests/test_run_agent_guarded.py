@@ -151,8 +151,9 @@ def test_stop_kills_a_running_cli_agent_within_2s(repo, fake):
     took = time.monotonic() - t0
     res = holder["res"]
     assert res.status is Status.failed and res.code is Code.STOPPED, res
-    assert took < 2.0 + load_config().term_grace + 0.5 and not psutil.pid_exists(pid) or \
-        psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    # TERM is ignored here, so the grace period is spent before the KILL.
+    assert took < 2.0 + load_config().term_grace + 0.5, took
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert any("incident 42" in r for r in res.known_risks) and len(agent.calls()) == 1
     # stopped before launch: nothing runs; control after resume: it runs
     again = run_agent(req(repo, agent="claude"))

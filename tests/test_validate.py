@@ -55,15 +55,21 @@ def test_skips_with_a_reason(tmp_path, files, needle):
 def test_run_records_real_exit_codes_and_stops_at_first_failure(tmp_path):
     plan = validate.Plan((validate.Step("a", ("/bin/sh", "-c", "exit 0")), validate.Step("b", ("/bin/sh", "-c", "exit 3")),
                           validate.Step("c", ("/bin/sh", "-c", "exit 0"))))
-    attempts = validate.run(plan, LocalRunner(), cwd=tmp_path, env={"PATH": "/usr/bin:/bin"})
-    assert [a.line(1) for a in attempts] == ["a => exit 0", "b => exit 3"]
+    run = validate.run(plan, LocalRunner(), cwd=tmp_path, env={"PATH": "/usr/bin:/bin"})
+    assert [a.line(1) for a in run.attempts] == ["a => exit 0", "b => exit 3"]
 
 
 def test_validation_has_its_own_deadline(tmp_path):
-    attempts = validate.run(validate.given("sleep 30"), LocalRunner(), cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}, timeout_s=1)
+    attempts = validate.run(validate.given("sleep 30"), LocalRunner(), cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}, timeout_s=1).attempts
     assert attempts[0].timed_out and attempts[0].line(1) == "sleep 30 => timed out after 1s"
 
 
 def test_given_command_is_a_shell_command(tmp_path):
-    attempts = validate.run(validate.given("test -d . && exit 4"), LocalRunner(), cwd=tmp_path, env={"PATH": "/usr/bin:/bin"})
+    attempts = validate.run(validate.given("test -d . && exit 4"), LocalRunner(), cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}).attempts
     assert attempts[0].line(1) == "test -d . && exit 4 => exit 4"
+
+
+def test_validation_honours_a_stop(tmp_path):
+    run = validate.run(validate.given("sleep 30"), LocalRunner(), cwd=tmp_path, env={"PATH": "/usr/bin:/bin"},
+                       poll=lambda: "stopped: test")
+    assert run.killed_reason == "stopped: test" and not run.attempts[0].passed

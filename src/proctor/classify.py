@@ -21,7 +21,7 @@ RATE_LIMIT_PATTERNS: tuple[str, ...] = (
     r"(?:status|error|code|http|api)[^\n]{0,24}\b429\b",
     r"\(429\)",
     r"too many requests",
-    r"rate[ _-]?limit(ed|_error| exceeded| reached)?",
+    r"rate[ _-]?limit(?:ed|_error| exceeded| reached|_exceeded)",
     r"exceeded retry limit",
     r"you'?ve hit your (usage )?limit",
     r"usage_limit_reached",

@@ -98,6 +98,10 @@ class RunAgentRequest(BaseModel):
     def _ticket(cls, v: str) -> str:
         if not TICKET_RE.fullmatch(v):
             raise ValueError(f"ticket {v!r} must match [A-Za-z0-9._-]+")
+        # It becomes the last component of a branch name: git's own ref rules apply too.
+        if v.startswith((".", "-")) or v.endswith((".", ".lock")) or ".." in v:
+            raise ValueError(f"ticket {v!r} is not a valid branch component (no leading '.' or '-', "
+                             "no trailing '.' or '.lock', no '..')")
         return v
 
     @field_validator("branch")
@@ -113,8 +117,8 @@ class RunAgentRequest(BaseModel):
             raise ValueError("timeoutSec must be a number of seconds")
         try:
             n = int(float(v))
-        except ValueError:
-            raise ValueError(f"timeoutSec {v!r} is not a number") from None
+        except (ValueError, OverflowError):  # "soon", inf, nan
+            raise ValueError(f"timeoutSec {v!r} is not a finite number") from None
         return max(TIMEOUT_MIN_S, min(TIMEOUT_MAX_S, n))
 
     @field_validator("validate_command")

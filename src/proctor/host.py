@@ -1,9 +1,10 @@
 """The run_agent service: one job, from a validated request to the host's own verdict.
 
-Owns the order of a job — check the request on this machine, cut the worktree, launch the adapter under the
-deadline, retry once, classify, read the agent's claim, collect the diff, validate, judge — and the rule for
-`needs_human_review`. It never trusts the agent's word: `claimed_status` is recorded and decides nothing;
-`changed_files` and `tests_attempted` are what the host itself observed.
+Owns the order of a job — check the request on this machine, admit it (stop switch, confinement policy,
+breaker), cut the worktree, launch the adapter confined, collect the diff, validate, judge — the rule for
+`needs_human_review`, and the ledger rows that make every job visible, a crashed one included. It never
+trusts the agent's word: `claimed_status` is recorded and decides nothing; `changed_files` and
+`tests_attempted` are what the host itself observed.
 """
 
 from __future__ import annotations
@@ -20,19 +21,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from proctor import cgroup, confine, validate, worktree
-from proctor.adapters.output import READERS, WATCHERS
-from proctor.adapters.spec import AdapterSpec, TooLarge, build
+from proctor.adapters.spec import AdapterSpec, Refused, build
 from proctor.agent_version import agent_version
+from proctor.attempts import run_attempts
 from proctor.breaker import Breaker, signal_for
-from proctor.classify import Patterns, classify
 from proctor.config import Config, ConfigError, load_config
 from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status
+from proctor.git import REDIRECTING_ENV
 from proctor.ledger import Ledger
-from proctor.process import Exit, LocalRunner, ProcessRunner, Spawn
+from proctor.process import LocalRunner, ProcessRunner
 from proctor.progress import NullProgress, Progress
 from proctor.stop import StopSwitch
 
-MAX_ATTEMPTS = 2  # one retry on a nonzero exit
+# Files that decide what autodetected validation runs; an agent that edits one may be choosing its own test.
+PLAN_FILES = ("Makefile", "pyproject.toml", "setup.cfg", "pytest.ini", "tox.ini", "conftest.py", "package.json",
+              "Cargo.toml", "go.mod")
+PYTEST_NO_TESTS = 5
 
 
 def new_job_id() -> str:
@@ -61,7 +65,6 @@ def refused(request_like: dict | RunAgentRequest | None, risks: list[str], code:
 @dataclass
 class _Job:
     request: RunAgentRequest
-    spec: AdapterSpec
     config: Config
     runner: ProcessRunner
     progress: Progress
@@ -69,7 +72,6 @@ class _Job:
     job_id: str
     start: float
     ledger: Ledger
-    breaker: Breaker
     stop: StopSwitch
     risks: list[str] = field(default_factory=list)
     # Set once the agent's plan is made; validation runs under the same confiner, network off.
@@ -91,11 +93,40 @@ def run_agent(
     """Have `request.agent` do `request.task` in a new worktree of `request.repo`; never raises for a bad
     request or a misbehaving agent: every outcome is a result with a status and a code.
 
-    `cancel` is polled while the agent runs (as is the stop switch); a reason kills the whole tree. Every
-    job writes a `job.start` row before anything happens and a `job.end` row with its verdict, so a crash in
-    between shows as an interrupted job, never as nothing.
+    `cancel` is polled while the agent and validation run (as is the stop switch); a reason kills the whole
+    tree. Every job writes a `job.start` row before anything happens and a `job.end` row with its verdict,
+    so a crash in between shows as an interrupted job, never as nothing.
     """
     start = time.monotonic()
+    own_ledger = ledger is None
+    try:
+        ledger = ledger or Ledger.default()
+    except Exception as exc:  # noqa: BLE001 - an unusable ledger: refuse rather than run unrecorded
+        return refused(request, [f"the ledger cannot be opened: {exc}"], Code.HOST_ERROR, start)
+    job_id = job_id or new_job_id()
+    try:
+        ledger.append("job.start", {"jobId": job_id, "agent": request.agent, "ticket": request.ticket,
+                                    "repo": request.repo, "mode": request.mode, "branch": request.branch},
+                      job_id=job_id)
+        result = _admit_and_run(request, config, runner, progress, cancel, job_id, ledger, stop, start)
+        result.job_id = job_id
+        ledger.append("job.end", {"jobId": job_id, "status": result.status.value, "code": result.code.value,
+                                  "needs_human_review": result.needs_human_review,
+                                  "worktreePath": result.worktree_path}, job_id=job_id)
+        return result
+    finally:
+        if own_ledger:
+            ledger.close()
+
+
+def _admit_and_run(request, config, runner, progress, cancel, job_id, ledger, stop, start) -> RunAgentResult:
+    try:
+        swept = cgroup.sweep_orphans()
+    except OSError:
+        swept = 0
+    if swept:
+        # Agents of a host that died (kill -9, crash) ran on unwatched until now; the ledger says so.
+        ledger.append("host.orphans_killed", {"processes": swept})
     try:
         config = config or load_config()
     except ConfigError as exc:
@@ -104,37 +135,29 @@ def run_agent(
     if spec is None:
         known = ", ".join(sorted(config.agents))
         return refused(request, [f"unknown agent {request.agent!r} (known: {known})"], Code.UNKNOWN_AGENT, start)
-    orphans = cgroup.sweep_orphans()
-    own_ledger = ledger is None
+    job = _Job(request, config, runner or LocalRunner(), progress or NullProgress(), cancel, job_id, start,
+               ledger, stop or StopSwitch())
+    breaker = Breaker(ledger, threshold=config.breaker.threshold, cooldown_s=config.breaker.cooldown_s,
+                      backoff_s=config.breaker.backoff_s)
+    # Two private dirs: the agent's TMPDIR (writable by it) and the host's own (never granted to it).
+    agent_tmp = Path(tempfile.mkdtemp(prefix=f"proctor-{job_id}-"))
+    host_tmp = Path(tempfile.mkdtemp(prefix=f"proctor-host-{job_id}-"))
     try:
-        ledger = ledger or Ledger.default()
-    except Exception as exc:  # noqa: BLE001 - an unusable ledger is an edge failure: refuse, do not run unrecorded
-        return refused(request, [f"the ledger cannot be opened: {exc}"], Code.HOST_ERROR, start)
-    job = _Job(request, spec, config, runner or LocalRunner(), progress or NullProgress(), cancel,
-               job_id or new_job_id(), start, ledger,
-               Breaker(ledger, threshold=config.breaker.threshold, cooldown_s=config.breaker.cooldown_s,
-                       backoff_s=config.breaker.backoff_s),
-               stop or StopSwitch())
-    try:
-        if orphans:
-            # Agents of a host that died (kill -9, crash) ran on unwatched until now; the ledger says so.
-            ledger.append("host.orphans_killed", {"processes": orphans})
-        ledger.append("job.start", {"jobId": job.job_id, "agent": request.agent, "ticket": request.ticket,
-                                    "repo": request.repo, "mode": request.mode, "branch": request.branch},
-                      job_id=job.job_id)
-        result = _run(job)
-        result.job_id = job.job_id
-        ledger.append("job.end", {"jobId": job.job_id, "status": result.status.value, "code": result.code.value,
-                                  "needs_human_review": result.needs_human_review,
-                                  "worktreePath": result.worktree_path}, job_id=job.job_id)
-        return result
+        return _run(job, spec, breaker, agent_tmp, host_tmp)
     finally:
-        if own_ledger:
-            ledger.close()
+        shutil.rmtree(agent_tmp, ignore_errors=True)
+        shutil.rmtree(host_tmp, ignore_errors=True)
 
 
-def _run(job: _Job) -> RunAgentResult:
-    req, spec = job.request, job.spec
+def _agent_env(job: _Job, spec: AdapterSpec, wt_path: Path, agent_tmp: Path) -> dict[str, str]:
+    # GIT_DIR and friends exported by a CI or a hook would point the agent's git at the main repo.
+    base = {k: v for k, v in os.environ.items() if k not in REDIRECTING_ENV and not k.startswith("GIT_CONFIG_")}
+    return {**base, **spec.env, "PROCTOR_JOB_ID": job.job_id, "PROCTOR_WORKTREE": str(wt_path),
+            "TMPDIR": str(agent_tmp)}
+
+
+def _run(job: _Job, spec: AdapterSpec, breaker: Breaker, agent_tmp: Path, host_tmp: Path) -> RunAgentResult:
+    req = job.request
     job.progress.phase("checking the request")
     repo = worktree.open_repo(req.repo)
     if isinstance(repo, worktree.Failure):
@@ -144,56 +167,33 @@ def _run(job: _Job) -> RunAgentResult:
         return refused(req, [f"invalid request: {base.reason}"], Code.INVALID_REQUEST, job.start)
 
     # The argv is built (and a too-large prompt refused) before anything is created on disk.
-    wt_path = repo.path.parent / f"{repo.path.name}-agents" / job.job_id
-    tmpdir = Path(tempfile.mkdtemp(prefix=f"proctor-{job.job_id}-"))
-    prompt_file = tmpdir / "prompt.md" if spec.prompt == "file" else None
+    wt_path = worktree.path_for(repo, job.job_id)
+    prompt_file = agent_tmp / "prompt.md" if spec.prompt == "file" else None
     if prompt_file is not None:
         prompt_file.write_text(req.task, encoding="utf-8")
-    env = {**os.environ, **spec.env, "PROCTOR_JOB_ID": job.job_id, "PROCTOR_WORKTREE": str(wt_path),
-           "TMPDIR": str(tmpdir)}
+    env = _agent_env(job, spec, wt_path, agent_tmp)
     inv = build(spec, req.task, wt_path, prompt_file, env)
-    if isinstance(inv, TooLarge):
-        shutil.rmtree(tmpdir, ignore_errors=True)
-        return refused(req, [inv.reason], Code.PROMPT_TOO_LARGE, job.start)
+    if isinstance(inv, Refused):
+        return refused(req, [inv.reason], Code(inv.code), job.start)
 
     stopped = job.stop.reason()
     if stopped:
-        shutil.rmtree(tmpdir, ignore_errors=True)
         return refused(req, [f"proctor is stopped ({stopped}); nothing was launched"], Code.STOPPED, job.start)
     mode = req.confine or job.config.confine
     confiner = confine.choose(mode, confine.detect())
     if isinstance(confiner, confine.Unavailable):
-        shutil.rmtree(tmpdir, ignore_errors=True)
         return refused(req, [confiner.reason], confiner.code, job.start)
-    admission = job.breaker.admit(req.agent, job_id=job.job_id)
+    admission = breaker.admit(req.agent, job_id=job.job_id)
     if not admission.allowed:
-        shutil.rmtree(tmpdir, ignore_errors=True)
         return refused(req, [admission.reason], admission.code, job.start)
 
-    job.progress.phase("creating the worktree")
-    wt = worktree.create(repo, job.job_id, req.ticket, base)
-    if isinstance(wt, worktree.Failure):
-        shutil.rmtree(tmpdir, ignore_errors=True)
-        job.breaker.record(req.agent, signal_for(Status.failed, Code.WORKTREE_FAILED), job_id=job.job_id)
-        return refused(req, [wt.reason], Code.WORKTREE_FAILED, job.start)
-
-    result = RunAgentResult(
-        status=Status.failed, agent=req.agent, worktree_path=str(wt.path), job_id=job.job_id,
-        branch=wt.branch, base_ref=base.ref, mode=req.mode,
-    )
+    result = RunAgentResult(status=Status.failed, agent=req.agent, job_id=job.job_id, base_ref=base.ref,
+                            mode=req.mode, code=Code.HOST_ERROR)
     try:
-        plan = _confine(job, confiner, mode, wt, tmpdir, list(inv.argv))
-        if isinstance(plan, confine.Unavailable):
-            result.code = plan.code
-            result.summary = plan.reason
-            job.risks.append(f"{plan.reason}; nothing was launched")
-        else:
-            result.confinement = plan.confinement
-            result.confinement_details = {**plan.details, "gaps": plan.gaps}
-            _launch_and_judge(job, wt, plan.argv, inv.stdin, {**env, **plan.env}, result)
+        _in_worktree(job, spec, repo, base, confiner, mode, inv, env, agent_tmp, host_tmp, result)
     finally:
-        shutil.rmtree(tmpdir, ignore_errors=True)
-    job.breaker.record(req.agent, signal_for(result.status, result.code), job_id=job.job_id)
+        # Whatever happened after admission, the breaker hears of it (a half-open trial is never left held).
+        breaker.record(req.agent, signal_for(result.status, result.code), job_id=job.job_id)
     result.known_risks = job.risks
     result.needs_human_review = not (
         result.status is Status.completed
@@ -207,20 +207,78 @@ def _run(job: _Job) -> RunAgentResult:
     return result
 
 
-def _confine(job: _Job, confiner: confine.Confiner, mode: str, wt: worktree.Worktree, tmpdir: Path,
-             argv: list[str]) -> confine.ConfinePlan | confine.Unavailable:
+def _in_worktree(job, spec, repo, base, confiner, mode, inv, env, agent_tmp, host_tmp, result) -> None:
+    req = job.request
+    job.progress.phase("creating the worktree")
+    wt = worktree.create(repo, job.job_id, req.ticket, base, host_tmp)
+    if isinstance(wt, worktree.Failure):
+        result.code, result.summary = Code.WORKTREE_FAILED, wt.reason
+        job.risks.append(wt.reason)
+        return
+    result.worktree_path, result.branch = str(wt.path), wt.branch
+    # Decided on the fresh checkout, before the agent runs: the agent must not pick its own test.
+    plan = validate.given(req.validate_command) if req.validate_command else validate.detect(wt.path)
+
+    cplan = _confine(job, spec, confiner, mode, wt, agent_tmp, list(inv.argv))
+    if isinstance(cplan, confine.Unavailable):
+        result.code, result.summary = cplan.code, cplan.reason
+        job.risks.append(f"{cplan.reason}; nothing was launched")
+        return
+    result.confinement = cplan.confinement
+    result.confinement_details = {**cplan.details, "gaps": cplan.gaps}
+    agent_env = {**env, **cplan.env}
+    result.agent_version = agent_version(spec, agent_env, agent_tmp)
+
+    out = run_attempts(spec=spec, argv=cplan.argv, stdin=inv.stdin, env=agent_env, cwd=wt.path, runner=job.runner,
+                       progress=job.progress, poll=_poll(job), timeout_s=req.timeout_sec,
+                       term_grace_s=job.config.term_grace, name=f"job-{job.job_id}",
+                       confined=cplan.confinement != "none")
+    result.status, result.code, result.attempts = out.status, out.code, out.attempts
+    result.exit_codes, result.retry_after = out.exit_codes, out.retry_after
+    result.summary = out.reading.summary or f"{req.agent} exited {out.exit_codes[-1]}"
+    result.claimed_status = out.reading.claimed_status
+    result.confinement_details["cleanup"] = f"{cplan.details.get('cleanup', 'none')}+{out.cleanup}"
+    job.risks.extend(out.risks)
+    for tamper in worktree.tampered_pointers(wt):
+        job.risks.append(f"the job's git metadata was tampered with: {tamper}")
+
+    job.progress.phase("collecting the agent's changes")
+    before = worktree.changed_files(wt)
+    if isinstance(before, worktree.Failure):
+        job.risks.append(f"could not list the agent's changes: {before.reason}")
+    else:
+        result.agent_changed_files = before
+        if not before:
+            job.risks.append("the agent changed no files")
+        touched = [p for p in before if Path(p).name in PLAN_FILES or p.endswith((".sln", ".csproj"))]
+        if touched and not req.validate_command:
+            job.risks.append(f"the agent changed files that define the tests: {', '.join(touched[:5])}")
+
+    validated = result.status is Status.completed and _validate(job, wt, plan, env, result)
+    # Nothing ran after the first listing unless validation did: the same listing stands.
+    after = worktree.changed_files(wt) if validated else before
+    if isinstance(after, worktree.Failure):
+        job.risks.append(f"could not list changed files after validation: {after.reason}")
+    else:
+        result.changed_files = after
+
+
+def _confine(job: _Job, spec: AdapterSpec, confiner: confine.Confiner, mode: str, wt: worktree.Worktree,
+             agent_tmp: Path, argv: list[str]) -> confine.ConfinePlan | confine.Unavailable:
     """The OS-enforced plan for this job's agent, never silently weaker than the policy asked."""
     planted = confine.refuse_hard_links(wt.path)
     if planted:
         # A hard link the host left in the worktree is writable under every layer (research/sandbox.md).
         return confine.Unavailable(f"worktree files with more than one hard link: {', '.join(planted[:5])}")
     state_dirs = []
-    for raw in job.spec.state_dirs:
+    for raw in spec.state_dirs:
         d = Path(raw).expanduser()
+        if d.exists() and not d.is_dir():
+            return confine.Unavailable(f"state_dirs entry {raw!r} of agent {spec.name!r} is not a directory")
         d.mkdir(parents=True, exist_ok=True)
         state_dirs.append(d)
-    roots = confine.job_roots(wt.common_dir, wt.git_dir, wt.branch, wt.path, tmpdir, state_dirs,
-                              network=job.spec.network)
+    roots = confine.job_roots(wt.common_dir, wt.git_dir, wt.branch, wt.path, agent_tmp, state_dirs,
+                              network=spec.network)
     if isinstance(roots, confine.Unavailable):
         return roots
     job.confiner, job.roots = confiner, roots
@@ -247,18 +305,6 @@ def _confined_validation(job: _Job, plan: validate.Plan) -> validate.Plan | None
     return validate.Plan(tuple(steps))
 
 
-BLOCKED_MARKERS = ("Read-only file system", "Permission denied", "Operation not permitted", "proctor-landlock:")
-
-
-def _blocked_attempts(ex: Exit) -> str | None:
-    """A line of the agent's output that shows the confinement refusing it something, if any."""
-    text = (ex.stderr[-200_000:] + b"\n" + ex.stdout[-200_000:]).decode("utf-8", "replace")
-    for line in text.splitlines():
-        if any(m in line for m in BLOCKED_MARKERS):
-            return line.strip()[:300]
-    return None
-
-
 def _poll(job: _Job) -> Callable[[], str | None]:
     """The stop switch and the caller's cancel, checked by the runner's wait loop (every 0.1 s)."""
     stop, cancel = job.stop, job.cancel
@@ -273,106 +319,32 @@ def _poll(job: _Job) -> Callable[[], str | None]:
     return poll
 
 
-def _launch_and_judge(job: _Job, wt: worktree.Worktree, argv, stdin, env, result: RunAgentResult) -> None:
-    req, spec = job.request, job.spec
-    result.agent_version = agent_version(spec, env, Path(env["TMPDIR"]))
-    patterns = Patterns.build(spec.rate_limit_patterns, spec.approval_patterns)
-    last: Exit | None = None
-    for attempt in range(1, MAX_ATTEMPTS + 1):
-        job.progress.phase(f"running {req.agent} (attempt {attempt})")
-        watcher = WATCHERS[spec.output]() if spec.output in WATCHERS else None
-        last = job.runner.run(Spawn(
-            argv=argv, cwd=wt.path, env=env, deadline_s=req.timeout_sec, stdin=stdin,
-            watch=job.progress.watch(watcher), poll=_poll(job), name=f"job-{job.job_id}-{attempt}",
-            term_grace_s=job.config.term_grace,
-        ))
-        result.attempts = attempt
-        result.exit_codes.append(last.exit_code)
-        if result.confinement_details is not None:
-            result.confinement_details["cleanup"] = f"{result.confinement_details.get('cleanup', 'none')}+{last.cleanup}"
-        blocked = _blocked_attempts(last) if result.confinement not in (None, "none") else None
-        if blocked:
-            job.risks.append(f"the agent tried something its confinement refused: {blocked!r}")
-        if last.leftovers_killed:
-            job.risks.append(f"the agent left {last.leftovers_killed} process(es) running after it exited; "
-                             f"killed by {last.cleanup}")
-        if last.stdout_dropped or last.stderr_dropped:
-            job.risks.append(f"agent output exceeded the tail: {last.stdout_dropped} stdout and "
-                             f"{last.stderr_dropped} stderr bytes were not kept")
-        if last.spawn_error:
-            result.status, result.code = Status.failed, Code.AGENT_NOT_FOUND
-            job.risks.append(f"agent {req.agent!r} could not be started: {last.spawn_error}")
-            break
-        if last.timed_out:
-            result.status, result.code = Status.timed_out, Code.TIMED_OUT
-            job.risks.append(f"agent killed at the {req.timeout_sec}s deadline (whole tree, by {last.cleanup}); "
-                             "no retry after a timeout")
-            break
-        if last.killed_reason and last.killed_reason.startswith(("cancelled", "stopped")):
-            code = Code.CANCELLED if last.killed_reason.startswith("cancelled") else Code.STOPPED
-            result.status, result.code = Status.failed, code
-            job.risks.append(f"job {last.killed_reason}; the agent's process tree was killed")
-            break
-        if last.exit_code == 0:
-            result.status, result.code = Status.completed, Code.OK
-            break
-        text = (last.stdout + b"\n" + last.stderr).decode("utf-8", "replace")
-        verdict = classify(last.exit_code, text, patterns)
-        if last.killed_reason and last.killed_reason.startswith("rate_limit_event"):
-            verdict = type(verdict)(Status.rate_limited, last.killed_reason, verdict.retry_after)
-        if verdict.status is not None:
-            result.status = verdict.status
-            result.code = Code.RATE_LIMITED if verdict.status is Status.rate_limited else Code.APPROVAL_REQUIRED
-            result.retry_after = verdict.retry_after
-            job.risks.append(f"agent exited {last.exit_code} and its output matched {verdict.matched!r}: "
-                             f"{verdict.status.value}; not retried")
-            break
-        if attempt < MAX_ATTEMPTS:
-            job.risks.append(f"agent exited {last.exit_code}; retried once in the same worktree")
-            continue
-        result.status, result.code = Status.failed, Code.AGENT_FAILED
-        job.risks.append(f"agent exited {last.exit_code} twice")
-
-    assert last is not None
-    reading = READERS[spec.output](last.stdout.decode("utf-8", "replace"), last.stderr.decode("utf-8", "replace"))
-    result.summary = reading.summary or f"{req.agent} exited {last.exit_code}"
-    result.claimed_status = reading.claimed_status
-    result.retry_after = result.retry_after or (reading.retry_after if result.status is Status.rate_limited else None)
-
-    job.progress.phase("collecting the agent's changes")
-    before = worktree.changed_files(wt)
-    if isinstance(before, worktree.Failure):
-        job.risks.append(f"could not list the agent's changes: {before.reason}")
-    else:
-        result.agent_changed_files = before
-        if not before:
-            job.risks.append("the agent changed no files")
-
-    validated = result.status is Status.completed and _validate(job, wt, env, result)
-    # Nothing ran after the first listing unless validation did: the same listing stands.
-    after = worktree.changed_files(wt) if validated else before
-    if isinstance(after, worktree.Failure):
-        job.risks.append(f"could not list changed files after validation: {after.reason}")
-    else:
-        result.changed_files = after
-
-
-def _validate(job: _Job, wt: worktree.Worktree, env, result: RunAgentResult) -> bool:
+def _validate(job: _Job, wt: worktree.Worktree, plan: validate.Plan, env, result: RunAgentResult) -> bool:
     """Run the host's own validation; False when nothing ran."""
-    req = job.request
-    plan = validate.given(req.validate_command) if req.validate_command else validate.detect(wt.path)
     if not plan.steps:
         job.risks.append(plan.skipped_reason or "validation skipped")
         return False
     job.progress.phase("validating")
-    plan = _confined_validation(job, plan)
-    if plan is None:
+    confined = _confined_validation(job, plan)
+    if confined is None:
         return False
-    attempts = validate.run(plan, job.runner, cwd=wt.path, env=env, timeout_s=job.config.validate_timeout,
-                            name=f"validate-{job.job_id}")
-    result.tests_attempted = [a.line(job.config.validate_timeout) for a in attempts]
-    failed = [a for a in attempts if not a.passed]
-    if failed:
-        result.status, result.code = Status.failed, Code.VALIDATION_FAILED
-        job.risks.append(f"validation failed: {failed[0].line(job.config.validate_timeout)}")
+    run = validate.run(confined, job.runner, cwd=wt.path, env=env, timeout_s=job.config.validate_timeout,
+                       name=f"validate-{job.job_id}", poll=_poll(job))
+    timeout = job.config.validate_timeout
+    result.tests_attempted = [a.line(timeout) for a in run.attempts]
+    if run.killed_reason:
+        result.status = Status.failed
+        result.code = Code.STOPPED if run.killed_reason.startswith("stopped") else Code.CANCELLED
+        job.risks.append(f"validation {run.killed_reason}")
+        return True
+    failed = [a for a in run.attempts if not a.passed]
+    if not failed:
+        return True
+    first = failed[0]
+    if first.exit_code == PYTEST_NO_TESTS and first.label.endswith("-m pytest"):
+        # pytest's "no tests collected": nothing was checked, which is not the same as a failure.
+        job.risks.append(f"validation ran no test: {first.line(timeout)}")
+        return True
+    result.status, result.code = Status.failed, Code.VALIDATION_FAILED
+    job.risks.append(f"validation failed: {first.line(timeout)}")
     return True

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import psutil
 
@@ -73,7 +73,6 @@ class Spawn:
     poll: Poll | None = None
     name: str = "job"  # unique per run: names the cgroup
     term_grace_s: float = TERM_GRACE_S
-    preexec: Callable[[], None] | None = None  # extra child setup, run after joining the job group
 
 
 @dataclass(frozen=True)
@@ -120,6 +119,7 @@ class _Tree:
     marker: tuple[str, str]
     group: JobGroup | None
     seen: set[int] = field(default_factory=set)
+    root_reaped: bool = False  # after the wait, root_pid may name an unrelated process
 
     def _members(self) -> list[psutil.Process]:
         if self.group is not None:
@@ -131,13 +131,14 @@ class _Tree:
                     pass
             return out
         procs: dict[int, psutil.Process] = {}
-        try:
-            root = psutil.Process(self.root_pid)
-            procs[root.pid] = root
-            for p in root.children(recursive=True):
-                procs[p.pid] = p
-        except psutil.NoSuchProcess:
-            pass
+        if not self.root_reaped:
+            try:
+                root = psutil.Process(self.root_pid)
+                procs[root.pid] = root
+                for p in root.children(recursive=True):
+                    procs[p.pid] = p
+            except psutil.NoSuchProcess:
+                pass
         # Orphans (a `setsid` daemon whose parent exited) re-parent to us as subreaper; claim those that
         # carry this run's marker. A daemon that scrubbed its environment is invisible here: that is why
         # the cgroup is preferred and the result names which cleanup ran.
@@ -156,7 +157,9 @@ class _Tree:
 
     def alive(self) -> list[psutil.Process]:
         out = []
-        for p in self._members():
+        members = self._members()
+        self.seen.update(p.pid for p in members)
+        for p in members:
             try:
                 if p.status() != psutil.STATUS_ZOMBIE:
                     out.append(p)
@@ -165,14 +168,20 @@ class _Tree:
         return out
 
     def signal_all(self, sig: int) -> None:
+        """One signal to every member: the process group at once, then those that left it (setsid).
+
+        Never twice to the same process: a CLI that exits cleanly on its first TERM can die of a second one
+        delivered mid-shutdown, which would turn its exit 0 into -15.
+        """
         try:
             os.killpg(self.root_pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
         for p in self._members():
             try:
-                p.send_signal(sig)
-            except psutil.NoSuchProcess:
+                if os.getpgid(p.pid) != self.root_pid:
+                    p.send_signal(sig)
+            except (psutil.NoSuchProcess, ProcessLookupError):
                 pass
 
     def kill(self) -> None:
@@ -183,7 +192,6 @@ class _Tree:
             members = self.alive()
             if not members:
                 break
-            self.seen.update(p.pid for p in members)
             self.signal_all(signal.SIGKILL)
             time.sleep(0.01)
         self._reap()
@@ -201,6 +209,12 @@ class _Tree:
 class LocalRunner:
     """The real runner: own session and process group, job cgroup or subreaper, deadline, bounded tails."""
 
+    # Pids this process spawned and will wait for itself (any runner, any thread). As subreaper the host also
+    # inherits orphans; a zombie that is not one of these is an orphan's and is reaped here, never one whose
+    # exit status a Popen is about to read. Process-wide by nature: so is the subreaper bit.
+    _own: ClassVar[set[int]] = set()
+    _own_lock: ClassVar[threading.Lock] = threading.Lock()
+
     def __init__(self, use_cgroup: bool = True) -> None:
         self.use_cgroup = use_cgroup
 
@@ -213,13 +227,9 @@ class LocalRunner:
         env = dict(spawn.env)
         env["PROCTOR_RUN_MARKER"] = marker_value
 
-        def child_setup() -> None:
-            if group is not None:
-                group.join_child()
-            if spawn.preexec is not None:
-                spawn.preexec()
-
-        needs_setup = group is not None or spawn.preexec is not None
+        # Registered under the lock that orphan reaping takes: no window where our own exited child looks
+        # like an orphan's zombie to another thread.
+        self._own_lock.acquire()
         try:
             proc = subprocess.Popen(
                 list(spawn.argv),
@@ -230,19 +240,23 @@ class LocalRunner:
                 stderr=subprocess.PIPE,
                 start_new_session=True,
                 close_fds=True,
-                preexec_fn=child_setup if needs_setup else None,
+                # Joining the job group before exec is the one race-free way in pure Python: a child moved
+                # after Popen returns could already have forked. The callback is one os.write.
+                preexec_fn=group.join_child if group is not None else None,
             )
-        except (OSError, subprocess.SubprocessError) as exc:
+        except (OSError, subprocess.SubprocessError, ValueError) as exc:  # ValueError: a NUL in argv/env
+            self._own_lock.release()
             if group is not None:
                 group.remove()
             return Exit(exit_code=None, spawn_error=f"{type(exc).__name__}: {exc}", cleanup=cleanup)
+        self._own.add(proc.pid)
+        self._own_lock.release()
         if group is not None:
             group.close_fd()
 
         tree = _Tree(proc.pid, ("PROCTOR_RUN_MARKER", marker_value), group)
         tails = {"stdout": Tail(spawn.tail_bytes), "stderr": Tail(spawn.tail_bytes)}
         watch_reason: list[str] = []
-        wake = threading.Event()
 
         def drain(name: str, fh) -> None:
             fd = fh.fileno()
@@ -254,10 +268,12 @@ class LocalRunner:
                         break
                     tail.add(chunk)
                     if spawn.watch is not None and not watch_reason:
-                        reason = spawn.watch(name, chunk)
+                        try:
+                            reason = spawn.watch(name, chunk)
+                        except Exception:  # noqa: BLE001 - a faulty watcher must never stop the drain
+                            reason = None
                         if reason:
                             watch_reason.append(reason)
-                            wake.set()
             except OSError:
                 pass
             finally:
@@ -308,6 +324,11 @@ class LocalRunner:
             if leftovers:
                 tree.kill()
         exit_code = proc.wait()
+        tree.root_reaped = True
+        with self._own_lock:
+            self._own.discard(proc.pid)
+        if cleanup == "subreaper":
+            self._reap_orphans()
 
         # Drains share the job's deadline; after the kill the pipes close at once.
         for t in threads:
@@ -327,6 +348,24 @@ class LocalRunner:
             leftovers_killed=leftovers,
             pid=proc.pid,
         )
+
+
+    def _reap_orphans(self) -> None:
+        try:
+            children = psutil.Process().children()
+        except psutil.Error:
+            return
+        for c in children:
+            try:
+                zombie = c.status() == psutil.STATUS_ZOMBIE
+            except psutil.Error:
+                continue
+            with self._own_lock:
+                if zombie and c.pid not in self._own:
+                    try:
+                        os.waitpid(c.pid, os.WNOHANG)
+                    except ChildProcessError:
+                        pass
 
 
 def _feed(fh, data: bytes) -> None:

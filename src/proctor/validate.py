@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from proctor.process import ProcessRunner, Spawn
+from proctor.process import Poll, ProcessRunner, Spawn
 
 VALIDATE_TIMEOUT_S = 900
 NPM_PLACEHOLDER = 'echo "Error: no test specified" && exit 1'
@@ -37,7 +37,6 @@ class Attempt:
     label: str
     exit_code: int | None
     timed_out: bool
-    output_tail: str
 
     @property
     def passed(self) -> bool:
@@ -111,6 +110,12 @@ def given(command: str) -> Plan:
     return Plan((Step(command, ("/bin/sh", "-c", command)),))
 
 
+@dataclass(frozen=True)
+class Run:
+    attempts: list[Attempt]
+    killed_reason: str | None = None  # the stop switch or a cancel ended validation
+
+
 def run(
     plan: Plan,
     runner: ProcessRunner,
@@ -119,22 +124,20 @@ def run(
     env: Mapping[str, str],
     timeout_s: float = VALIDATE_TIMEOUT_S,
     name: str = "validate",
-) -> list[Attempt]:
+    poll: Poll | None = None,
+) -> Run:
     """Run each step in order under one shared deadline; stop at the first failure."""
     attempts: list[Attempt] = []
     budget = timeout_s
     for i, step in enumerate(plan.steps):
         if budget <= 0:
-            attempts.append(Attempt(step.label, None, True, ""))
+            attempts.append(Attempt(step.label, None, True))
             break
-        ex = runner.run(Spawn(argv=step.argv, cwd=cwd, env=env, deadline_s=budget, name=f"{name}-{i}"))
+        ex = runner.run(Spawn(argv=step.argv, cwd=cwd, env=env, deadline_s=budget, name=f"{name}-{i}", poll=poll))
         budget -= ex.duration_s
-        tail = (ex.stdout[-4000:] + b"\n" + ex.stderr[-4000:]).decode("utf-8", "replace").strip()
-        if ex.spawn_error:
-            tail = ex.spawn_error
-        attempt = Attempt(step.label, ex.exit_code, ex.timed_out, tail)
-        attempts.append(attempt)
-        if not attempt.passed:
+        attempts.append(Attempt(step.label, ex.exit_code, ex.timed_out))
+        if ex.killed_reason:
+            return Run(attempts, ex.killed_reason)
+        if not attempts[-1].passed:
             break
-    return attempts
-
+    return Run(attempts)

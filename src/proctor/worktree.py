@@ -7,10 +7,12 @@ discard and gc are separate verbs): a job's worktree is its review surface.
 
 from __future__ import annotations
 
+import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from proctor.git import git, parse_name_status_z, parse_status_v2_z
+from proctor.git import git, parse_name_status_z
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,17 @@ class Worktree:
     base_sha: str
     git_dir: Path  # <common>/worktrees/<name>, read once at creation, before any agent ran
     common_dir: Path
+    # A copy of the index as checkout wrote it, before any agent ran: changes are listed against it, never
+    # against the agent's own index (which can hide an edit with --skip-worktree / --assume-unchanged).
+    pristine_index: Path | None = None
+    pointers: tuple[tuple[str, bytes], ...] = ()  # the metadata files git trusts, as created
+
+
+POINTER_FILES = ("commondir", "gitdir", "HEAD")
+
+
+def path_for(repo: Repo, job_id: str) -> Path:
+    return repo.path.parent / f"{repo.path.name}-agents" / job_id
 
 
 @dataclass(frozen=True)
@@ -82,8 +95,10 @@ def _read_gitdir(path: Path) -> Path | None:
     return gd if gd.is_absolute() else (path / gd).resolve()
 
 
-def create(repo: Repo, job_id: str, ticket: str, base: Base) -> Worktree | Failure:
-    path = repo.path.parent / f"{repo.path.name}-agents" / job_id
+def create(repo: Repo, job_id: str, ticket: str, base: Base, private_dir: Path) -> Worktree | Failure:
+    """Cut the worktree; `private_dir` (the job's own temp dir, outside every agent-writable root) keeps
+    the pristine index copy."""
+    path = path_for(repo, job_id)
     branch = f"wt/{job_id}/{ticket}"
     if path.exists():
         return Failure(f"worktree path {path} already exists")
@@ -95,24 +110,55 @@ def create(repo: Repo, job_id: str, ticket: str, base: Base) -> Worktree | Failu
     gd = _read_gitdir(path)
     if gd is None:
         return Failure(f"new worktree {path} has no readable .git pointer")
-    return Worktree(path, branch, base.ref, base.sha, gd, repo.common_dir)
+    pristine = private_dir / "index"
+    try:
+        shutil.copyfile(gd / "index", pristine)
+        pointers = tuple((name, (gd / name).read_bytes()) for name in POINTER_FILES if (gd / name).exists())
+    except OSError as exc:
+        return Failure(f"cannot snapshot the new worktree's metadata: {exc}")
+    return Worktree(path, branch, base.ref, base.sha, gd, repo.common_dir, pristine, pointers)
+
+
+def tampered_pointers(wt: Worktree) -> list[str]:
+    """Metadata files of the job that differ from creation (HEAD moving on a commit is expected)."""
+    out = []
+    for name, before in wt.pointers:
+        try:
+            now = (wt.git_dir / name).read_bytes()
+        except OSError:
+            now = None
+        if name == "HEAD":
+            if now is None or not now.startswith(b"ref: refs/heads/" + wt.branch.encode()):
+                out.append(f"{name} no longer names the job's branch")
+        elif now != before:
+            out.append(f"{name} was rewritten")
+    return out
 
 
 def changed_files(wt: Worktree) -> list[str] | Failure:
-    """Everything that differs from the base: commits the agent made on its branch plus the working tree.
+    """Every path whose content differs from the base: the net of the agent's commits and working tree.
 
-    An agent that commits leaves a clean `git status`; the committed diff keeps it from looking idle. The
-    status header names HEAD, so the diff runs only when HEAD moved.
+    Listed with a private index seeded from the pristine copy (so `git add -A` re-hashes only files whose
+    stat changed): the agent's own index, where `--skip-worktree` hides an edit, is never consulted, and an
+    agent that commits cannot look idle. Untracked files count; ignored ones do not.
     """
-    kw = {"cwd": wt.path, "git_dir": wt.git_dir, "work_tree": wt.path}
-    status = git(["status", "--porcelain=v2", "-z", "--branch", "--untracked-files=all"], **kw)
-    if not status.ok:
-        return Failure(f"git status failed: {status.err or 'exit ' + str(status.code)}")
-    head, paths = parse_status_v2_z(status.out)
-    committed: list[str] = []
-    if head != wt.base_sha:
-        diff = git(["diff", "--name-status", "-z", "-M", wt.base_sha, "HEAD", "--"], **kw)
+    if wt.pristine_index is None:
+        return Failure("the worktree has no pristine index to compare against")
+    index = wt.pristine_index.with_name(f"index-{time.monotonic_ns()}")
+    try:
+        shutil.copyfile(wt.pristine_index, index)
+    except OSError as exc:
+        return Failure(f"cannot copy the private index: {exc}")
+    kw = {"cwd": wt.path, "git_dir": wt.git_dir, "work_tree": wt.path, "common_dir": wt.common_dir,
+          "index_file": index}
+    try:
+        add = git(["add", "-A", "--", "."], **kw)
+        if not add.ok:
+            return Failure(f"git add (private index) failed: {add.err or 'exit ' + str(add.code)}")
+        diff = git(["diff", "--cached", "--name-status", "-z", "-M", "--no-ext-diff", wt.base_sha, "--"], **kw)
         if not diff.ok:
             return Failure(f"git diff against the base failed: {diff.err or 'exit ' + str(diff.code)}")
-        committed = parse_name_status_z(diff.out)
-    return list(dict.fromkeys(committed + paths))
+        return list(dict.fromkeys(parse_name_status_z(diff.out)))
+    finally:
+        index.unlink(missing_ok=True)
+        index.with_name(index.name + ".lock").unlink(missing_ok=True)

@@ -21,7 +21,9 @@ class Reading:
     summary: str = ""
     claimed_status: str | None = None  # "completed" | "failed" as the agent itself reported
     retry_after: str | None = None
-    usage: dict[str, Any] | None = None
+    # The CLI's own error reports (error events, an is_error result), never the model's ordinary prose:
+    # what classification may read besides stderr. For plain-text CLIs it is all of stdout.
+    error_text: str = ""
 
 
 def _json_lines(text: str) -> Iterator[dict[str, Any]]:
@@ -30,7 +32,7 @@ def _json_lines(text: str) -> Iterator[dict[str, Any]]:
         if line.startswith("{"):
             try:
                 obj = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # model-shaped input may nest without bound
                 continue
             if isinstance(obj, dict):
                 yield obj
@@ -51,7 +53,7 @@ def _last_json(text: str) -> dict[str, Any] | None:
             start = offset + (len(line) - len(line.lstrip()))
             try:
                 obj, end = decoder.raw_decode(text, start)
-            except ValueError:
+            except (ValueError, RecursionError):
                 obj, end = None, 0
             if isinstance(obj, dict):
                 found, skip_to = obj, end
@@ -75,11 +77,11 @@ def read_text(stdout: str, stderr: str) -> Reading:
     low = body.lower()
     if "sorry, i encountered an error" in low or low.startswith("❌ error") or "❌ error:" in low:
         claimed = "failed"
-    return Reading(_clip(_last_lines(body)), claimed)
+    return Reading(_clip(_last_lines(body)), claimed, error_text=stdout)
 
 
 def read_codex(stdout: str, stderr: str) -> Reading:
-    message, claimed, usage = "", None, None
+    message, claimed = "", None
     errors: list[str] = []
     for ev in _json_lines(stdout):
         kind = ev.get("type")
@@ -88,7 +90,6 @@ def read_codex(stdout: str, stderr: str) -> Reading:
             message = str(item.get("text", "")) or message
         elif kind == "turn.completed":
             claimed = claimed or "completed"
-            usage = ev.get("usage") if isinstance(ev.get("usage"), dict) else usage
         elif kind == "turn.failed":
             claimed = "failed"
             err = ev.get("error")
@@ -98,14 +99,14 @@ def read_codex(stdout: str, stderr: str) -> Reading:
     if not message and errors:
         message = errors[-1]
         claimed = claimed or "failed"
-    return Reading(_clip(message or _last_lines(stderr)), claimed, usage=usage)
+    return Reading(_clip(message or _last_lines(stderr)), claimed, error_text="\n".join(errors))
 
 
 def _claude_result(obj: dict[str, Any]) -> Reading:
     is_error = obj.get("is_error")
     claimed = "failed" if is_error is True else ("completed" if is_error is False else None)
-    usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
-    return Reading(_clip(str(obj.get("result", ""))), claimed, usage=usage)
+    text = str(obj.get("result", ""))
+    return Reading(_clip(text), claimed, error_text=text if is_error is True else "")
 
 
 def read_claude_json(stdout: str, stderr: str) -> Reading:
@@ -135,7 +136,7 @@ def read_claude_stream(stdout: str, stderr: str) -> Reading:
                     last_text = str(part.get("text", ""))
     if result is None:
         return Reading(_clip(last_text or _last_lines(stderr)), None, retry_after)
-    return Reading(result.summary, result.claimed_status, retry_after, result.usage)
+    return Reading(result.summary, result.claimed_status, retry_after, result.error_text)
 
 
 def read_gemini(stdout: str, stderr: str) -> Reading:
@@ -145,14 +146,15 @@ def read_gemini(stdout: str, stderr: str) -> Reading:
         return Reading(_clip(_last_lines(stdout or stderr)))
     err = obj.get("error")
     if isinstance(err, dict):
-        return Reading(_clip(str(err.get("message", ""))), "failed")
-    usage = obj.get("stats") if isinstance(obj.get("stats"), dict) else None
-    return Reading(_clip(str(obj.get("response", ""))), "completed" if "response" in obj else None, usage=usage)
+        msg = str(err.get("message", ""))
+        return Reading(_clip(msg), "failed", error_text=f"{err.get('type', '')}: {msg}")
+    return Reading(_clip(str(obj.get("response", ""))), "completed" if "response" in obj else None)
 
 
 def read_jsonl(stdout: str, stderr: str) -> Reading:
     """Generic JSON events (opencode and user CLIs): the last text-bearing field wins."""
     text, claimed = "", None
+    errors: list[str] = []
     for ev in _json_lines(stdout):
         for key in ("text", "result", "response", "message", "content"):
             val = ev.get(key)
@@ -163,7 +165,8 @@ def read_jsonl(stdout: str, stderr: str) -> Reading:
             text = part["text"]
         if ev.get("type") == "error" or ev.get("error"):
             claimed = "failed"
-    return Reading(_clip(text or _last_lines(stdout or stderr)), claimed)
+            errors.append(json.dumps(ev.get("error") or ev.get("message") or ev)[:2000])
+    return Reading(_clip(text or _last_lines(stdout or stderr)), claimed, error_text="\n".join(errors))
 
 
 READERS: dict[str, Callable[[str, str], Reading]] = {
@@ -199,7 +202,7 @@ class ClaudeStreamWatch:
                 continue
             try:
                 ev = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(ev, dict) and ev.get("type") == "rate_limit_event":
                 info = ev.get("rate_limit_info") if isinstance(ev.get("rate_limit_info"), dict) else ev

@@ -91,30 +91,40 @@ class Invocation:
 
 
 @dataclass(frozen=True)
-class TooLarge:
+class Refused:
+    """The job cannot be expressed as an argv on this platform; nothing is launched."""
+
     reason: str
+    code: str  # a contract Code value: PROMPT_TOO_LARGE or INVALID_REQUEST
 
 
 def build(
     spec: AdapterSpec, prompt: str, worktree: Path, prompt_file: Path | None, env: dict[str, str]
-) -> Invocation | TooLarge:
+) -> Invocation | Refused:
     """The argv for one job. An argv prompt past its cap is refused, never truncated."""
     data = prompt.encode("utf-8")
+    if spec.prompt == "argv" and "\0" in prompt:
+        return Refused("the task contains a NUL byte, which no argv can carry; use a stdin or file adapter",
+                       "INVALID_REQUEST")
+    bad_env = [k for k, v in env.items() if "\0" in k or "\0" in v or "=" in k]
+    if bad_env:
+        return Refused(f"environment variable {bad_env[0][:60]!r} cannot be passed to a process", "INVALID_REQUEST")
     if spec.prompt == "argv":
         cap = min(spec.max_prompt_bytes or max_arg_strlen() - 1, max_arg_strlen() - 1)
         if len(data) > cap:
-            return TooLarge(
+            return Refused(
                 f"prompt is {len(data)} bytes; agent {spec.name!r} takes it in argv, capped at {cap} bytes "
-                "(refused, not truncated: use a stdin or file adapter for larger tasks)"
+                "(refused, not truncated: use a stdin or file adapter for larger tasks)", "PROMPT_TOO_LARGE"
             )
     values = {"{prompt}": prompt, "{worktree}": str(worktree), "{prompt_file}": str(prompt_file or "")}
     argv = tuple(_PLACEHOLDER_RE.sub(lambda m: values.get(m.group(0), m.group(0)), t) for t in spec.command)
     for token in argv:
         if len(token.encode("utf-8")) + 1 > max_arg_strlen():
-            return TooLarge(f"an argument of {len(token.encode())} bytes exceeds the platform's "
-                            f"single-argument limit of {max_arg_strlen() - 1} bytes")
+            return Refused(f"an argument of {len(token.encode())} bytes exceeds the platform's "
+                           f"single-argument limit of {max_arg_strlen() - 1} bytes", "PROMPT_TOO_LARGE")
     total = sum(len(t.encode("utf-8")) + 1 for t in argv)
     total += sum(len(k) + len(v) + 2 for k, v in env.items())
     if total > arg_max() - 4096:
-        return TooLarge(f"argv and environment total {total} bytes, over the platform's ARG_MAX {arg_max()}")
+        return Refused(f"argv and environment total {total} bytes, over the platform's ARG_MAX {arg_max()}",
+                       "PROMPT_TOO_LARGE")
     return Invocation(argv, data if spec.prompt == "stdin" else None)

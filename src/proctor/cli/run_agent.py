@@ -44,7 +44,8 @@ def run_agent_cmd(agent, task, task_file, repo, ticket, branch, mode, timeout, v
     if task_file is not None:
         # Refused before any agent launches: an unreadable brief is never replaced by an empty one.
         try:
-            with open(task_file, encoding="utf-8") as fh:
+            # newline="": a patch for a CRLF file must reach the agent byte for byte.
+            with open(task_file, encoding="utf-8", newline="") as fh:
                 task = fh.read()
         except (OSError, UnicodeDecodeError) as exc:
             why = getattr(exc, "strerror", None) or str(exc)
