@@ -89,7 +89,8 @@ def test_agent_cannot_choose_its_own_validation(tmp_path):
 
 def test_a_killed_run_is_never_completed_even_if_the_cli_exits_0_on_term(repo, fake):
     ev = {"type": "rate_limit_event", "rate_limit_info": {"status": "rejected"}}
-    script = ("import json,signal,sys,time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
+    script = ("import json,signal,sys,time\nif sys.argv[1:] == ['--version']: sys.exit(print('9.9'))\n"
+              "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
               f"print(json.dumps({ev!r}), flush=True)\ntime.sleep(60)\n")
     (Path(fake("claude").path)).write_text(f"#!{sys.executable}\n" + script)
     res = run_agent(req(repo, "claude"))

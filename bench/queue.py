@@ -1,0 +1,179 @@
+"""Queue bench: enqueue->start latency (p50, p99) and no-op jobs/s over 1,000 jobs, end to end through envelope
+signing and verification, the listener's job store and ledger, and the signed result, beside the raw NATS
+JetStream publish+fetch round trip on the same server.
+
+Placements: `local` is this home's bundled server (`server.ensure_local`, as `proctor listen` uses by default);
+`shared` is a second nats-server on another loopback port, reached by URL as a fleet would be. The listener
+is a real `proctor listen` child process, so the figures include its own event loop and SQLite commits.
+
+    .venv/bin/python bench/queue.py [--jobs 1000] [--latency-jobs 200] [--slots 16]
+
+Prints one JSON document. Targets (issue 6): p50 <= 2x raw, >= 300 no-op jobs/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nats
+from nats.js.api import ConsumerConfig, RetentionPolicy, StreamConfig
+
+from proctor.queue import sender, server
+from proctor.queue.jetstream import JetStreamBackend
+from proctor.queue.envelope import unseal
+from proctor.queue.results import SignedResult, open_result
+from proctor.queue.signers import load_trust
+from proctor.queue.testing import trusted_home
+
+PROCTOR = [sys.executable, "-c", "from proctor.cli import main; main()"]
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def summary_ms(xs: list[float]) -> dict[str, float]:
+    return {"p50_ms": round(pct(xs, 50) * 1000, 3), "p99_ms": round(pct(xs, 99) * 1000, 3),
+            "mean_ms": round(statistics.fmean(xs) * 1000, 3)}
+
+
+async def raw_round_trip(url: str, n: int) -> dict[str, float]:
+    """Publish one message and fetch it from a durable pull consumer, n times: the engine's own floor."""
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    await js.add_stream(StreamConfig(name="RAWBENCH", subjects=["rawbench.>"], retention=RetentionPolicy.WORK_QUEUE))
+    await js.add_consumer("RAWBENCH", ConsumerConfig(durable_name="raw", name="raw", filter_subject="rawbench.x"))
+    sub = await js.pull_subscribe_bind("raw", stream="RAWBENCH")
+    times = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        await js.publish("rawbench.x", b"x" * 300, headers={"Nats-Msg-Id": f"raw-{i}"})
+        (msg,) = await sub.fetch(1, timeout=5)
+        times.append(time.perf_counter() - t0)
+        await msg.ack()
+    await js.delete_stream("RAWBENCH")
+    await nc.close()
+    return summary_ms(times)
+
+
+async def end_to_end(url: str, home: Path, host: str, signer, n_latency: int, n_jobs: int) -> dict[str, object]:
+    trust = load_trust(home)
+    backend = await JetStreamBackend.connect(url)
+    watcher = await backend.kv["proctor_results"].watch(f"{host}.>")
+    first = await watcher.updates(timeout=5)
+    assert first is None, "results bucket should be empty for a fresh host"
+
+    async def next_result() -> bytes:
+        while True:
+            entry = await watcher.updates(timeout=30)
+            if entry is not None and entry.value:
+                return entry.value
+
+    def build(k: int):
+        return [sender.build(targets=[host], kind="noop", lane="default", payload={}, signer=signer)[0]
+                for _ in range(k)]
+
+    # Warm-up: the listener's first fetch, SQLite pages, JIT-free but cache-warm paths.
+    for s in build(20):
+        await sender.publish(backend, s)
+        await next_result()
+
+    starts, round_trips = [], []
+    for s in build(n_latency):
+        t0 = time.time()
+        job = await sender.publish(backend, s)
+        raw = await next_result()
+        t1 = time.time()
+        res = open_result(raw, trust, host=host, job_id=job.job_id)
+        assert isinstance(res, SignedResult), res
+        starts.append(res.started_at - t0)
+        round_trips.append(t1 - t0)
+
+    batch = build(n_jobs)
+    t0 = time.perf_counter()
+    for s in batch:
+        await sender.publish(backend, s)
+    enqueued = time.perf_counter() - t0
+    raws = [await next_result() for _ in batch]
+    elapsed = time.perf_counter() - t0
+    ids = {json.loads(s.body)["jobId"] for s in batch}
+    verified = 0
+    for raw in raws:
+        job_id = json.loads(unseal(raw).body)["jobId"]  # which job it claims; open_result then binds it
+        res = open_result(raw, trust, host=host, job_id=job_id)
+        verified += isinstance(res, SignedResult) and job_id in ids and res.result.status.value == "completed"
+    await watcher.stop()
+    await backend.close()
+    return {
+        "enqueue_to_start": summary_ms(starts),
+        "enqueue_to_signed_result": summary_ms(round_trips),
+        "jobs": n_jobs,
+        "enqueue_per_s": round(n_jobs / enqueued, 1),
+        "noop_jobs_per_s": round(n_jobs / elapsed, 1),
+        "results_verified": verified,
+    }
+
+
+def listener(url: str, host: str, slots: int, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([*PROCTOR, "listen", "--host", host, "--lanes", f"default={slots}", "--ack-wait", "30",
+                             "--queue", url], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+async def wait_listening(url: str, host: str) -> None:
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    for _ in range(200):
+        try:
+            await js.consumer_info("PROCTOR_JOBS", f"jobs_{host}_default")
+            break
+        except Exception:  # noqa: BLE001 - not created yet
+            await asyncio.sleep(0.05)
+    await nc.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--jobs", type=int, default=1000)
+    ap.add_argument("--latency-jobs", type=int, default=200)
+    ap.add_argument("--slots", type=int, default=16)
+    args = ap.parse_args()
+
+    home = Path(tempfile.mkdtemp(prefix="proctor-bench-"))
+    os.environ["PROCTOR_HOME"] = str(home)
+    th = trusted_home(home)
+    env = {**os.environ, "PROCTOR_HOME": str(home)}
+    local_url = server.ensure_local(home)
+    shared = server.start(home / "shared-nats")
+    out: dict[str, object] = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
+    try:
+        for name, url in (("local", local_url), ("shared", shared.url)):
+            host = f"bench-{name}"
+            proc = listener(url, host, args.slots, env)
+            try:
+                asyncio.run(wait_listening(url, host))
+                raw = asyncio.run(raw_round_trip(url, args.latency_jobs))
+                e2e = asyncio.run(end_to_end(url, home, host, th.sender, args.latency_jobs, args.jobs))
+            finally:
+                proc.terminate()
+                proc.wait(10)
+            ratio = e2e["enqueue_to_start"]["p50_ms"] / raw["p50_ms"]  # type: ignore[index]
+            out[name] = {"url": url, "raw_publish_fetch": raw, **e2e, "p50_vs_raw": round(ratio, 2),
+                         "targets_met": {"p50<=2x_raw": ratio <= 2.0, ">=300_jobs_per_s": e2e["noop_jobs_per_s"] >= 300}}
+    finally:
+        shared.stop()
+        server.stop_local(home)
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

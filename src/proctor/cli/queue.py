@@ -1,0 +1,280 @@
+"""`proctor enqueue | send | listen | job | cancel | keys`: thin commands over proctor.queue.
+
+Each parses, calls one queue service and prints JSON. The queue is `--queue nats://HOST:PORT`, else
+`$PROCTOR_QUEUE`, else this home's bundled nats-server (started on 127.0.0.1 if it is not running). On a
+fleet server with NKEY auth, `$PROCTOR_QUEUE_NKEY_SEED` names this machine's seed file (`listen --nkey-seed`
+too); see proctor.queue.jetstream for the per-host permissions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from proctor.cli import main
+from proctor.home import ensure_home
+from proctor.ledger import Ledger
+from proctor.queue import keys, sender, server
+from proctor.queue.audit import BatchedAudit
+from proctor.queue.envelope import ED25519, HMAC_SHA256, EnvelopeError
+from proctor.queue.jetstream import JetStreamBackend
+from proctor.queue.kinds import NoopRunner, ProcessAgentRunner
+from proctor.queue.listener import Listener, Settings
+from proctor.queue.signers import TrustFileError, TrustStore, load_trust
+from proctor.queue.store import JobStore
+
+queue_option = click.option("--queue", "queue_url", envvar="PROCTOR_QUEUE",
+                            help="NATS URL of a shared server (else $PROCTOR_QUEUE, else the bundled local one).")
+
+
+def fail(message: str) -> NoReturn:
+    click.echo(f"proctor: {message}", err=True)
+    sys.exit(2)
+
+
+def resolve_queue(explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    try:
+        return server.ensure_local(ensure_home())
+    except server.ServerError as exc:
+        fail(str(exc))
+
+
+async def connect(url: str, **options: Any) -> JetStreamBackend:
+    seed = os.environ.get("PROCTOR_QUEUE_NKEY_SEED")
+    if seed and "nkeys_seed" not in options:
+        options["nkeys_seed"] = seed
+    try:
+        return await JetStreamBackend.connect(url, **options)
+    except Exception as exc:  # noqa: BLE001 - any connect failure is one clear message at the edge
+        fail(f"cannot reach the queue at {url}: {exc}")
+
+
+def parse_lanes(spec: str) -> dict[str, int]:
+    lanes: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, slots = part.partition("=")
+        try:
+            lanes[name] = int(slots or "1")
+        except ValueError:
+            fail(f"--lanes entry {part!r} must be NAME or NAME=SLOTS")
+    return lanes
+
+
+def _load_payload(payload_file: str) -> Any:
+    try:
+        text = sys.stdin.read() if payload_file == "-" else Path(payload_file).read_text(encoding="utf-8")
+        return json.loads(text)
+    except (OSError, ValueError) as exc:
+        fail(f"payload file {payload_file!r}: {exc}")
+
+
+def _signer(name: str) -> keys.Ed25519Signer | keys.HmacKey:
+    try:
+        return keys.load(name)
+    except keys.KeyFileError as exc:
+        fail(str(exc))
+
+
+def job_options(f: Any) -> Any:
+    for opt in reversed([
+        click.option("--targets", required=True, help="Comma-separated host names; one job per host."),
+        click.option("--kind", default="run_agent", show_default=True, help="Job kind (run_agent, noop)."),
+        click.option("--lane", default="default", show_default=True, help="Lane on the target host."),
+        click.option("--payload-file", required=True, help="JSON payload (a run_agent request); - for stdin."),
+        click.option("--key", "key_name", default=keys.SENDER_KEY, show_default=True, help="Signing key name."),
+        click.option("--ttl", "ttl_s", default=sender.DEFAULT_TTL_S, show_default=True, type=float,
+                     help="Seconds until the job expires unstarted."),
+        queue_option,
+    ]):
+        f = opt(f)
+    return f
+
+
+async def _enqueue(url: str, targets: str, kind: str, lane: str, payload: Any, signer: Any, ttl_s: float) -> list[str]:
+    built = sender.build(targets=[t.strip() for t in targets.split(",") if t.strip()], kind=kind, lane=lane,
+                         payload=payload, signer=signer, ttl_s=ttl_s)
+    if isinstance(built, sender.Rejected):
+        fail("job rejected:\n  " + "\n  ".join(built.errors))
+    backend = await connect(url)
+    try:
+        return [(await sender.publish(backend, s)).job_id for s in built]
+    finally:
+        await backend.close()
+
+
+@main.command("enqueue")
+@job_options
+def enqueue_cmd(targets, kind, lane, payload_file, key_name, ttl_s, queue_url) -> None:
+    """Sign and enqueue a job for each target; print one job id per line."""
+    url = resolve_queue(queue_url)
+    for job_id in asyncio.run(_enqueue(url, targets, kind, lane, _load_payload(payload_file), _signer(key_name), ttl_s)):
+        click.echo(job_id)
+
+
+@main.command("send")
+@job_options
+@click.option("--wait", "wait_s", default=14_400 + 600, show_default=True, type=float, help="Seconds to wait.")
+def send_cmd(targets, kind, lane, payload_file, key_name, ttl_s, queue_url, wait_s) -> None:
+    """Enqueue like `enqueue`, wait for each signed result, print them; exit 0 iff all completed."""
+    url = resolve_queue(queue_url)
+    payload, signer = _load_payload(payload_file), _signer(key_name)
+
+    async def go() -> tuple[list[dict[str, Any]], bool]:
+        ids = await _enqueue(url, targets, kind, lane, payload, signer, ttl_s)
+        trust = _trust()
+        backend = await connect(url)
+        try:
+            outs, ok = [], True
+            for job_id in ids:
+                res = await sender.wait(backend, trust, job_id, wait_s)
+                if res is None:
+                    outs.append({"jobId": job_id, "state": "waiting", "error": f"no result in {wait_s:.0f}s"})
+                    ok = False
+                    continue
+                view = sender.result_view(res)
+                outs.append({"jobId": job_id, **view})
+                ok = ok and not isinstance(res, EnvelopeError) and res.result.status.value == "completed"
+            return outs, ok
+        finally:
+            await backend.close()
+
+    outs, ok = asyncio.run(go())
+    click.echo(json.dumps(outs[0] if len(outs) == 1 else outs, indent=2))
+    sys.exit(0 if ok else 1)
+
+
+def _trust() -> TrustStore:
+    try:
+        return load_trust()
+    except TrustFileError as exc:
+        fail(str(exc))
+
+
+@main.command("listen")
+@click.option("--host", "host", required=True, help="This host's name, as senders target it.")
+@click.option("--lanes", default="default=1", show_default=True, help="LANE=SLOTS[,LANE=SLOTS...]")
+@click.option("--ack-wait", "ack_wait_s", default=60.0, show_default=True, type=float,
+              help="Lease seconds; heartbeats every ack-wait/4 hold it for long jobs.")
+@click.option("--config", "config_file", help="Agents config TOML for run_agent jobs.")
+@click.option("--nkey-seed", "nkey_seed", type=click.Path(exists=True, dir_okay=False),
+              envvar="PROCTOR_QUEUE_NKEY_SEED",
+              help="NKEY seed file for a fleet server with per-host permissions.")
+@queue_option
+def listen_cmd(host, lanes, ack_wait_s, config_file, nkey_seed, queue_url) -> None:
+    """Run this host's jobs from its lanes until SIGINT/SIGTERM."""
+    url = resolve_queue(queue_url)
+    try:
+        settings = Settings(host=host, lanes=parse_lanes(lanes), ack_wait_s=ack_wait_s)
+    except ValueError as exc:
+        fail(str(exc))
+    home = ensure_home()
+    trust = _trust()
+    host_key = keys.load_or_generate(keys.HOST_KEY)
+    store = JobStore(home / "queue.sqlite3")
+    runners = {
+        "noop": NoopRunner(),
+        "run_agent": ProcessAgentRunner(store.path, Path(config_file).absolute() if config_file else None),
+    }
+
+    async def go() -> None:
+        options: dict[str, Any] = {}
+        if nkey_seed:
+            options = {"nkeys_seed": nkey_seed, "inbox_prefix": f"_INBOX_{host}".encode()}
+        backend = await connect(url, manage=not nkey_seed, **options)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        audit = BatchedAudit(Ledger.default())
+        listener = Listener(settings, backend, trust, host_key, store, audit, runners)
+        click.echo(json.dumps({"listening": host, "lanes": settings.lanes, "queue": url, "pid": os.getpid()}),
+                   err=True)
+        try:
+            await asyncio.gather(listener.serve(stop), audit.run(stop))
+        finally:
+            await backend.close()
+
+    asyncio.run(go())
+
+
+@main.command("job")
+@click.argument("job_id")
+@queue_option
+def job_cmd(job_id, queue_url) -> None:
+    """Show a job: where it went, whether it runs, its verified result."""
+    url = resolve_queue(queue_url)
+
+    async def go() -> dict[str, Any] | None:
+        backend = await connect(url)
+        try:
+            return await sender.status(backend, _trust(), job_id)
+        finally:
+            await backend.close()
+
+    out = asyncio.run(go())
+    if out is None:
+        fail(f"no job {job_id} on this queue")
+    click.echo(json.dumps(out, indent=2))
+
+
+@main.command("cancel")
+@click.argument("job_id")
+@click.option("--reason", default="cancelled by the user", show_default=True)
+@queue_option
+def cancel_cmd(job_id, reason, queue_url) -> None:
+    """Ask the job's host to cancel it: a running job's tree is killed (status failed, code CANCELLED)."""
+    url = resolve_queue(queue_url)
+
+    async def go() -> bool:
+        backend = await connect(url)
+        try:
+            return await sender.cancel(backend, job_id, reason)
+        finally:
+            await backend.close()
+
+    if not asyncio.run(go()):
+        fail(f"no job {job_id} on this queue")
+    click.echo(json.dumps({"jobId": job_id, "cancelRequested": reason}))
+
+
+@main.group("keys")
+def keys_group() -> None:
+    """Signing keys under $PROCTOR_HOME/keys (`default` signs jobs, `host` signs a listener's results)."""
+
+
+@keys_group.command("generate")
+@click.option("--name", default=keys.SENDER_KEY, show_default=True)
+@click.option("--hmac", "use_hmac", is_flag=True, help="A shared HMAC-SHA256 secret instead of Ed25519.")
+@click.option("--force", is_flag=True, help="Replace an existing key.")
+def keys_generate(name, use_hmac, force) -> None:
+    """Create a key; print its id and the signers.toml entry a listener needs to trust it."""
+    try:
+        info = keys.generate(name, alg=HMAC_SHA256 if use_hmac else ED25519, home=ensure_home(), overwrite=force)
+    except keys.KeyFileError as exc:
+        fail(str(exc))
+    _show(info)
+
+
+@keys_group.command("show")
+@click.option("--name", default=keys.SENDER_KEY, show_default=True)
+def keys_show(name) -> None:
+    """Print a key's id, public key and signers.toml entry (never the private half)."""
+    try:
+        info = keys.info(name)
+    except keys.KeyFileError as exc:
+        fail(str(exc))
+    _show(info)
+
+
+def _show(info: keys.KeyInfo) -> None:
+    click.echo(json.dumps({"name": info.name, "alg": info.alg, "kid": info.kid, "publicKey": info.public_key,
+                           "signersToml": info.signers_toml()}, indent=2))

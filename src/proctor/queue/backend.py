@@ -1,0 +1,81 @@
+"""The QueueBackend seam: what the sender, the listener and the HTTP API need from a message engine.
+
+Owns the Protocols and the naming rules for hosts and lanes. It never knows which engine is behind it:
+`jetstream.JetStreamBackend` in every placement, `memory.MemoryBackend` in unit tests.
+
+Keys of the per-job records are `<host>.<jobId>` so that an engine with subject permissions (NATS) can let a
+host write only its own records (see `jetstream.host_permissions`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Protocol
+
+NAME_RE = re.compile(r"[A-Za-z0-9-]{1,64}")
+# A job id is one KV key token: no dots (they split keys), nothing the engine would refuse.
+JOB_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,128}")
+
+
+def check_name(what: str, name: str) -> str:
+    """Hosts and lanes are one subject token each; `_` is kept out because it joins them in consumer names."""
+    if not NAME_RE.fullmatch(name):
+        raise ValueError(f"{what} {name!r} must match [A-Za-z0-9-]{{1,64}}")
+    return name
+
+
+def valid_job_id(job_id: object) -> bool:
+    return isinstance(job_id, str) and JOB_ID_RE.fullmatch(job_id) is not None
+
+
+def record_key(host: str, job_id: str) -> str:
+    return f"{host}.{job_id}"
+
+
+class Delivery(Protocol):
+    """One delivery of one job message. `seq` is stable across redeliveries; `delivery` counts from 1."""
+
+    @property
+    def data(self) -> bytes: ...
+    @property
+    def seq(self) -> int: ...
+    @property
+    def delivery(self) -> int: ...
+    async def ack(self) -> None: ...
+    async def nak(self, delay_s: float) -> None: ...
+    async def term(self) -> None: ...
+    async def heartbeat(self, timeout_s: float) -> bool:
+        """Extend the lease; True only when the engine confirmed it (a lost lease must be noticed)."""
+        ...
+
+
+class QueueBackend(Protocol):
+    async def publish(self, target: str, lane: str, job_id: str, data: bytes) -> None:
+        """Enqueue once: a re-publish of the same job id inside the engine's dedupe window is dropped."""
+        ...
+
+    async def ensure_lane(
+        self, host: str, lane: str, *, slots: int, ack_wait_s: float, max_deliver: int = -1
+    ) -> None: ...
+    async def fetch(self, host: str, lane: str, max_n: int, timeout_s: float) -> list[Delivery]: ...
+
+    async def put_job(self, job_id: str, data: bytes) -> None:
+        """The sender's record of where a job went (target, lane, kind); read by `proctor job` and HTTP."""
+        ...
+
+    async def get_job(self, job_id: str) -> bytes | None: ...
+    async def put_result(self, key: str, data: bytes, *, only_if_absent: bool = False) -> bool: ...
+    async def get_result(self, key: str) -> bytes | None: ...
+    async def wait_result(self, key: str, timeout_s: float) -> bytes | None: ...
+    async def put_running(self, key: str, data: bytes) -> None: ...
+    async def get_running(self, key: str) -> bytes | None: ...
+    async def set_cancel(self, key: str, reason: str) -> None: ...
+    async def get_cancel(self, key: str) -> str | None: ...
+
+    async def watch_cancels(self, host: str, on_cancel: Callable[[str, str], None]) -> None:
+        """Call `on_cancel(key, reason)` for every cancel flag of `host`, those set already before this
+        returns, later ones as they are set (pushed, so a listener checks a flag without a round trip)."""
+        ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,273 @@
+"""The JetStream backend: one stream of job subjects, one durable pull consumer per host+lane, KV records.
+
+Owns the mapping of the QueueBackend seam onto NATS, the same code for the bundled loopback server and a
+shared fleet server. It never verifies envelopes (the listener does) and never starts a server (server.py).
+
+Layout:
+- stream `PROCTOR_JOBS`, subjects `proctor.jobs.<host>.<lane>`, work-queue retention, `Nats-Msg-Id: jobId`
+  so a re-sent job inside the duplicate window is dropped by the server;
+- durable consumer `jobs_<host>_<lane>`: `ack_wait` is the lease, `in_progress()` extends it,
+  `max_ack_pending` = the lane's slots (the server bounds concurrency);
+- KV buckets `proctor_jobs` (sender records by jobId), `proctor_results`, `proctor_running`, `proctor_cancel`
+  (keys `<host>.<jobId>`).
+
+Per-host NKEY credentials (`host_permissions`): a fleet server's config gives each listener one NKEY user
+whose permissions reach only its own subjects: creating (with its own filter only), fetching from and acking
+its own consumers, writing its own
+`results`/`running` keys, reading KV, and replies on its own inbox prefix `_INBOX_<host>`. It cannot publish
+jobs, read another host's consumer or write another host's result. This narrows what a stolen host seed can
+do; it does not replace the envelope signature, which the listener checks regardless. The listener connects
+with `nkeys_seed=<file>` and `inbox_prefix=_INBOX_<host>`; the client needs the `nkeys` package.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig, KeyValueConfig, RetentionPolicy, StreamConfig
+from nats.js.kv import KeyValue
+
+from proctor.queue.backend import check_name
+
+STREAM = "PROCTOR_JOBS"
+SUBJECT_PREFIX = "proctor.jobs"
+BUCKETS = ("proctor_jobs", "proctor_results", "proctor_running", "proctor_cancel")
+RECORD_TTL_S = 14 * 24 * 3600.0
+
+
+def job_subject(host: str, lane: str) -> str:
+    return f"{SUBJECT_PREFIX}.{check_name('host', host)}.{check_name('lane', lane)}"
+
+
+def consumer_name(host: str, lane: str) -> str:
+    return f"jobs_{check_name('host', host)}_{check_name('lane', lane)}"
+
+
+def host_permissions(host: str, lanes: list[str]) -> dict[str, Any]:
+    """nats-server `permissions` block for one listener's NKEY user (see the module docstring)."""
+    check_name("host", host)
+    api = "$JS.API"
+    publish = [
+        f"{api}.INFO",
+        f"{api}.STREAM.INFO.{STREAM}",
+        *(f"{api}.STREAM.INFO.KV_{b}" for b in BUCKETS),
+        *(f"{api}.STREAM.MSG.GET.KV_{b}" for b in BUCKETS),
+        *(f"{api}.DIRECT.GET.KV_{b}.>" for b in BUCKETS),
+        f"$KV.proctor_results.{host}.>",
+        f"$KV.proctor_running.{host}.>",
+        # the cancel-flag watch: an ordered push consumer on the cancel bucket (read-only, as DIRECT.GET is)
+        f"{api}.CONSUMER.CREATE.KV_proctor_cancel",
+        f"{api}.CONSUMER.CREATE.KV_proctor_cancel.>",
+        f"{api}.CONSUMER.INFO.KV_proctor_cancel.*",
+        f"{api}.CONSUMER.DELETE.KV_proctor_cancel.*",
+        "$JS.FC.KV_proctor_cancel.>",
+    ]
+    for lane in lanes:
+        name = consumer_name(host, lane)
+        publish += [
+            f"{api}.CONSUMER.CREATE.{STREAM}.{name}.{job_subject(host, lane)}",
+            f"{api}.CONSUMER.INFO.{STREAM}.{name}",
+            f"{api}.CONSUMER.MSG.NEXT.{STREAM}.{name}",
+            f"$JS.ACK.{STREAM}.{name}.>",
+        ]
+    return {"publish": {"allow": publish}, "subscribe": {"allow": [f"_INBOX_{host}.>"]}}
+
+
+@dataclass
+class JetStreamDelivery:
+    msg: Msg
+    nc: Client
+
+    @property
+    def data(self) -> bytes:
+        return self.msg.data
+
+    @property
+    def seq(self) -> int:
+        return self.msg.metadata.sequence.stream
+
+    @property
+    def delivery(self) -> int:
+        return self.msg.metadata.num_delivered
+
+    async def ack(self) -> None:
+        await self.msg.ack()
+
+    async def nak(self, delay_s: float) -> None:
+        await self.msg.nak(delay=delay_s)
+
+    async def term(self) -> None:
+        await self.msg.term()
+
+    async def heartbeat(self, timeout_s: float) -> bool:
+        # `Msg.in_progress()` is fire-and-forget; a request gets the server's reply, so a partitioned listener
+        # learns that its lease was not extended instead of assuming it was.
+        try:
+            await self.nc.request(self.msg.reply, b"+WPI", timeout=timeout_s)
+        except (nats.errors.Error, asyncio.TimeoutError, OSError):
+            return False
+        return True
+
+
+@dataclass
+class JetStreamBackend:
+    """Connect with `await JetStreamBackend.connect(url)`; `manage=True` creates the stream and buckets."""
+
+    nc: Client
+    kv: dict[str, KeyValue] = field(default_factory=dict)
+    subs: dict[tuple[str, str], Any] = field(default_factory=dict)
+    watchers: list[tuple[Any, asyncio.Task[None]]] = field(default_factory=list)
+
+    @classmethod
+    async def connect(
+        cls, url: str, *, manage: bool = True, connect_timeout_s: float = 5.0, **options: Any
+    ) -> JetStreamBackend:
+        nc = await nats.connect(
+            url,
+            connect_timeout=connect_timeout_s,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            allow_reconnect=True,
+            **options,
+        )
+        backend = cls(nc)
+        await backend._setup(manage)
+        return backend
+
+    async def _setup(self, manage: bool) -> None:
+        js = self.nc.jetstream()
+        if manage:
+            try:
+                await js.stream_info(STREAM)
+            except nats.js.errors.NotFoundError:
+                await js.add_stream(
+                    StreamConfig(
+                        name=STREAM,
+                        subjects=[f"{SUBJECT_PREFIX}.>"],
+                        retention=RetentionPolicy.WORK_QUEUE,
+                        duplicate_window=120.0,
+                    )
+                )
+        for bucket in BUCKETS:
+            if manage:
+                try:
+                    self.kv[bucket] = await js.key_value(bucket)
+                except nats.js.errors.BucketNotFoundError:
+                    self.kv[bucket] = await js.create_key_value(
+                        KeyValueConfig(bucket=bucket, history=1, ttl=RECORD_TTL_S)
+                    )
+            else:
+                self.kv[bucket] = await js.key_value(bucket)
+
+    async def publish(self, target: str, lane: str, job_id: str, data: bytes) -> None:
+        await self.nc.jetstream().publish(job_subject(target, lane), data, headers={"Nats-Msg-Id": job_id})
+
+    async def ensure_lane(
+        self, host: str, lane: str, *, slots: int, ack_wait_s: float, max_deliver: int = -1
+    ) -> None:
+        js = self.nc.jetstream()
+        name = consumer_name(host, lane)
+        # `name` (not only `durable_name`) puts the filter subject into the API subject, so a host's NKEY
+        # permission can allow creating its own consumer and only with its own filter.
+        await js.add_consumer(
+            STREAM,
+            ConsumerConfig(
+                name=name,
+                durable_name=name,
+                filter_subject=job_subject(host, lane),
+                ack_wait=ack_wait_s,
+                max_ack_pending=slots,
+                max_deliver=max_deliver,
+            ),
+        )
+        self.subs[(host, lane)] = await js.pull_subscribe_bind(name, stream=STREAM)
+
+    async def fetch(self, host: str, lane: str, max_n: int, timeout_s: float) -> list[JetStreamDelivery]:
+        try:
+            msgs = await self.subs[(host, lane)].fetch(max_n, timeout=timeout_s)
+        except (nats.errors.TimeoutError, asyncio.TimeoutError):
+            return []
+        return [JetStreamDelivery(m, self.nc) for m in msgs]
+
+    async def _get(self, bucket: str, key: str) -> bytes | None:
+        try:
+            entry = await self.kv[bucket].get(key)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        return entry.value
+
+    async def put_job(self, job_id: str, data: bytes) -> None:
+        await self.kv["proctor_jobs"].put(job_id, data)
+
+    async def get_job(self, job_id: str) -> bytes | None:
+        return await self._get("proctor_jobs", job_id)
+
+    async def put_result(self, key: str, data: bytes, *, only_if_absent: bool = False) -> bool:
+        kv = self.kv["proctor_results"]
+        if not only_if_absent:
+            await kv.put(key, data)
+            return True
+        try:
+            await kv.create(key, data)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return False
+        return True
+
+    async def get_result(self, key: str) -> bytes | None:
+        return await self._get("proctor_results", key)
+
+    async def wait_result(self, key: str, timeout_s: float) -> bytes | None:
+        # Polling with backoff rather than a KV watch: a watch needs an ordered consumer, which a restricted
+        # user may not create, and `send` waits minutes, so 200 ms of extra latency is immaterial.
+        loop = asyncio.get_running_loop()
+        deadline, pause = loop.time() + timeout_s, 0.005
+        while True:
+            data = await self.get_result(key)
+            if data is not None or loop.time() >= deadline:
+                return data
+            await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
+            pause = min(pause * 2, 0.2)
+
+    async def put_running(self, key: str, data: bytes) -> None:
+        await self.kv["proctor_running"].put(key, data)
+
+    async def get_running(self, key: str) -> bytes | None:
+        return await self._get("proctor_running", key)
+
+    async def set_cancel(self, key: str, reason: str) -> None:
+        await self.kv["proctor_cancel"].put(key, reason.encode())
+
+    async def get_cancel(self, key: str) -> str | None:
+        data = await self._get("proctor_cancel", key)
+        return data.decode(errors="replace") if data else None
+
+    async def watch_cancels(self, host: str, on_cancel: Callable[[str, str], None]) -> None:
+        watcher = await self.kv["proctor_cancel"].watch(f"{check_name('host', host)}.>")
+        # The flags already set arrive first, then a None marker: return only once they are all known.
+        while (entry := await watcher.updates(timeout=10.0)) is not None:
+            if entry.value:
+                on_cancel(entry.key, entry.value.decode(errors="replace"))
+
+        async def pump() -> None:
+            async for entry in watcher:
+                if entry is not None and entry.value:
+                    on_cancel(entry.key, entry.value.decode(errors="replace"))
+
+        self.watchers.append((watcher, asyncio.create_task(pump())))
+
+    async def close(self) -> None:
+        for watcher, task in self.watchers:
+            task.cancel()
+            try:
+                await watcher.stop()
+            except nats.errors.Error:
+                pass  # the connection is going anyway
+        await self.nc.close()

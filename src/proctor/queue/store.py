@@ -1,0 +1,305 @@
+"""The listener's job store (`$PROCTOR_HOME/queue.sqlite3`, WAL): the authority for "never twice at once".
+
+Owns, per job id: state, owner (pid, process start time, boot id), delivery number, stored result, and the
+attempts that were abandoned; per nonce: the message it first arrived in. It never talks to the queue engine
+and never runs a job: the listener asks it `claim`, `still_owner`, `finish`.
+
+Why a local store and not the broker: JetStream may accept an ack or progress from a stale delivery after a
+redelivery (nats-server #4786), so the broker alone cannot fence. Each job names one target host, so that
+host's store sees every delivery and decides; a delivery number lower than the recorded one is stale.
+Several listener processes on one host share the file; each decision is one `BEGIN IMMEDIATE` transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+import psutil
+
+from proctor.home import proctor_home
+
+BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+
+
+def boot_id() -> str:
+    try:
+        return BOOT_ID_PATH.read_text().strip()
+    except OSError:
+        # No Linux boot id (macOS, Windows): the boot time stands in; it changes on every reboot too.
+        return f"boot-{int(psutil.boot_time())}"
+
+
+def process_start(pid: int) -> float | None:
+    try:
+        proc = psutil.Process(pid)
+        # A zombie has exited: it only waits for its parent to reap it (a subreaper that never does, say),
+        # and an owner that is a zombie must not hold a job forever.
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc.create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+@dataclass(frozen=True)
+class Owner:
+    pid: int
+    start: float
+    boot: str
+
+    @classmethod
+    def me(cls) -> Owner:
+        pid = os.getpid()
+        return cls(pid, process_start(pid) or 0.0, boot_id())
+
+    def alive(self) -> bool:
+        # pid + start time, because a pid is reused; boot id, because after a reboot every pid is someone else.
+        if self.boot != boot_id():
+            return False
+        started = process_start(self.pid)
+        return started is not None and abs(started - self.start) < 0.5
+
+
+class ClaimOutcome(StrEnum):
+    NEW = "new"  # first delivery: recorded running, run it
+    TAKEOVER = "takeover"  # the recorded owner died or released its lease: run it again, name what it left
+    BUSY = "busy"  # the recorded owner is alive: do not start
+    DONE = "done"  # finished already: answer with the stored result
+    STALE = "stale"  # an older delivery than the one recorded: ignore
+    REPLAYED = "replayed"  # the nonce arrived before in another message: refuse
+    DRAINING = "draining"  # the owner died but its job runner is still stopping the agent: retry shortly
+
+
+@dataclass(frozen=True)
+class Claim:
+    outcome: ClaimOutcome
+    result: bytes | None = None
+    abandoned: tuple[str, ...] = ()  # human lines naming earlier attempts and the worktrees they left
+
+
+def _m1(db: sqlite3.Connection) -> None:
+    db.execute(
+        """CREATE TABLE jobs (
+            job_id TEXT PRIMARY KEY, seq INTEGER NOT NULL, lane TEXT NOT NULL, kind TEXT NOT NULL,
+            state TEXT NOT NULL, delivery INTEGER NOT NULL,
+            owner_pid INTEGER, owner_start REAL, owner_boot TEXT,
+            expires_at REAL NOT NULL, started_at REAL NOT NULL, updated_at REAL NOT NULL, result BLOB)"""
+    )
+    db.execute(
+        "CREATE TABLE nonces (nonce TEXT PRIMARY KEY, job_id TEXT NOT NULL, seq INTEGER NOT NULL,"
+        " expires_at REAL NOT NULL)"
+    )
+    db.execute(
+        "CREATE TABLE attempts (job_id TEXT NOT NULL, delivery INTEGER NOT NULL, owner_pid INTEGER,"
+        " worktree TEXT, ended TEXT, PRIMARY KEY (job_id, delivery))"
+    )
+
+
+def _m2(db: sqlite3.Connection) -> None:
+    db.execute("CREATE INDEX nonces_expiry ON nonces (expires_at)")
+    db.execute("CREATE INDEX jobs_expiry ON jobs (expires_at)")
+
+
+def _m3(db: sqlite3.Connection) -> None:
+    db.execute("ALTER TABLE attempts ADD COLUMN runner_pid INTEGER")
+    db.execute("ALTER TABLE attempts ADD COLUMN runner_start REAL")
+    db.execute("ALTER TABLE attempts ADD COLUMN runner_boot TEXT")
+
+
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_m1, _m2, _m3)
+
+
+class JobStore:
+    def __init__(self, path: Path | None = None, owner: Owner | None = None) -> None:
+        self.path = path or proctor_home() / "queue.sqlite3"
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.owner = owner or Owner.me()
+        self.db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        # NORMAL in WAL mode loses at most the last transactions on power loss, never consistency; the
+        # broker redelivers an unacked job, so a lost "running" row is re-claimed, not double-run.
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self._migrate()
+
+    def _migrate(self) -> None:
+        with self._tx():
+            self.db.execute("CREATE TABLE IF NOT EXISTS migrations (id INTEGER PRIMARY KEY, name TEXT, at REAL)")
+            done = {r[0] for r in self.db.execute("SELECT id FROM migrations")}
+            for i, step in enumerate(MIGRATIONS, start=1):
+                if i not in done:
+                    step(self.db)
+                    self.db.execute("INSERT INTO migrations VALUES (?, ?, ?)", (i, step.__name__, time.time()))
+
+    def _tx(self) -> _Tx:
+        return _Tx(self.db)
+
+    def admit(
+        self, job_id: str, *, nonce: str, seq: int, delivery: int, lane: str, kind: str, expires_at: float,
+        keep_until: float,
+    ) -> Claim:
+        """Record the nonce and claim the job in one transaction (one commit per delivery).
+
+        A nonce seen before in a different message is a replay: a JetStream redelivery carries the same
+        stream sequence, the same envelope published again is a new message with a new sequence."""
+        with self._tx():
+            row = self.db.execute("SELECT seq FROM nonces WHERE nonce = ?", (nonce,)).fetchone()
+            if row is None:
+                self.db.execute("INSERT INTO nonces VALUES (?, ?, ?, ?)", (nonce, job_id, seq, keep_until))
+            elif int(row[0]) != seq:
+                return Claim(ClaimOutcome.REPLAYED)
+            return self._claim(job_id, seq=seq, delivery=delivery, lane=lane, kind=kind, expires_at=expires_at)
+
+    def _claim(self, job_id: str, *, seq: int, delivery: int, lane: str, kind: str, expires_at: float) -> Claim:
+        now, me = time.time(), self.owner
+        row = self.db.execute(
+            "SELECT state, delivery, owner_pid, owner_start, owner_boot, result FROM jobs WHERE job_id = ?",
+            (job_id,),
+        ).fetchone()
+        if row is None:
+            self.db.execute(
+                "INSERT INTO jobs VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, NULL)",
+                (job_id, seq, lane, kind, delivery, me.pid, me.start, me.boot, expires_at, now, now),
+            )
+            self._attempt(job_id, delivery)
+            return Claim(ClaimOutcome.NEW)
+        state, rec_delivery, pid, start, boot, result = row
+        if state == "done":
+            return Claim(ClaimOutcome.DONE, result=result)
+        if delivery < rec_delivery:
+            return Claim(ClaimOutcome.STALE)
+        if state == "running" and Owner(pid, start, boot).alive():
+            return Claim(ClaimOutcome.BUSY)
+        # A dead listener's job runner outlives it by the time it takes to kill the agent's tree; starting
+        # again before it is gone would be two runs at once.
+        for r_pid, r_start, r_boot in self.db.execute(
+            "SELECT runner_pid, runner_start, runner_boot FROM attempts WHERE job_id = ? AND runner_pid IS NOT NULL",
+            (job_id,),
+        ).fetchall():
+            if Owner(r_pid, r_start, r_boot).alive():
+                return Claim(ClaimOutcome.DRAINING)
+        abandoned = tuple(self._abandoned_lines(job_id))
+        self.db.execute(
+            "UPDATE jobs SET state = 'running', delivery = ?, owner_pid = ?, owner_start = ?, owner_boot = ?,"
+            " updated_at = ? WHERE job_id = ?",
+            (delivery, me.pid, me.start, me.boot, now, job_id),
+        )
+        self._attempt(job_id, delivery)
+        return Claim(ClaimOutcome.TAKEOVER, abandoned=abandoned)
+
+    def _attempt(self, job_id: str, delivery: int) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO attempts (job_id, delivery, owner_pid) VALUES (?, ?, ?)",
+            (job_id, delivery, self.owner.pid),
+        )
+
+    def _abandoned_lines(self, job_id: str) -> list[str]:
+        rows = self.db.execute(
+            "SELECT delivery, owner_pid, worktree, ended FROM attempts WHERE job_id = ? ORDER BY delivery",
+            (job_id,),
+        ).fetchall()
+        lines = []
+        for delivery, pid, wt, ended in rows:
+            where = f"its worktree {wt} was left for review" if wt else "it recorded no worktree"
+            how = ended or "its listener died"
+            lines.append(f"attempt {delivery} (listener pid {pid}) was abandoned ({how}); {where}")
+        return lines
+
+    def record_runner(self, job_id: str, delivery: int, runner: Owner) -> None:
+        """Called by the job runner child first thing: a successor waits for it to be gone (DRAINING)."""
+        with self._tx():
+            self.db.execute(
+                "UPDATE attempts SET runner_pid = ?, runner_start = ?, runner_boot = ? WHERE job_id = ?"
+                " AND delivery = ?",
+                (runner.pid, runner.start, runner.boot, job_id, delivery),
+            )
+
+    def record_attempt(self, job_id: str, delivery: int, *, worktree: str | None, ended: str) -> None:
+        """Called by the job runner as soon as it knows how an attempt ended, even when its listener is gone."""
+        with self._tx():
+            self.db.execute(
+                "UPDATE attempts SET worktree = COALESCE(?, worktree), ended = ? WHERE job_id = ? AND delivery = ?",
+                (worktree, ended, job_id, delivery),
+            )
+
+    def still_owner(self, job_id: str, delivery: int) -> bool:
+        row = self.db.execute(
+            "SELECT state, delivery, owner_pid, owner_start FROM jobs WHERE job_id = ?", (job_id,)
+        ).fetchone()
+        return row is not None and row[0] == "running" and row[1] == delivery and row[2] == self.owner.pid \
+            and row[3] == self.owner.start
+
+    def finish(self, job_id: str, delivery: int, result: bytes) -> bool:
+        """Store the result iff this process still owns this delivery (fencing); False means drop it."""
+        with self._tx():
+            cur = self.db.execute(
+                "UPDATE jobs SET state = 'done', result = ?, updated_at = ? WHERE job_id = ? AND delivery = ?"
+                " AND state = 'running' AND owner_pid = ? AND owner_start = ?",
+                (result, time.time(), job_id, delivery, self.owner.pid, self.owner.start),
+            )
+            if cur.rowcount == 1:
+                self.db.execute("DELETE FROM attempts WHERE job_id = ? AND delivery = ?", (job_id, delivery))
+            return cur.rowcount == 1
+
+    def release(self, job_id: str, delivery: int, reason: str) -> None:
+        """Give up a lease we could not hold: the next delivery takes over instead of waiting on a live pid."""
+        with self._tx():
+            self.db.execute(
+                "UPDATE jobs SET state = 'released', updated_at = ? WHERE job_id = ? AND delivery = ?"
+                " AND owner_pid = ?",
+                (time.time(), job_id, delivery, self.owner.pid),
+            )
+            self.db.execute(
+                "UPDATE attempts SET ended = COALESCE(ended, ?) WHERE job_id = ? AND delivery = ?",
+                (reason, job_id, delivery),
+            )
+
+    def finish_refused(self, job_id: str, *, seq: int, lane: str, kind: str, expires_at: float, result: bytes) -> None:
+        """A refused job is done: its redelivery is answered from here, not verified and refused again."""
+        now = time.time()
+        with self._tx():
+            self.db.execute(
+                "INSERT OR IGNORE INTO jobs VALUES (?, ?, ?, ?, 'done', 0, NULL, NULL, NULL, ?, ?, ?, ?)",
+                (job_id, seq, lane, kind, expires_at, now, now, result),
+            )
+
+    def job(self, job_id: str) -> dict[str, object] | None:
+        cur = self.db.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,))
+        row = cur.fetchone()
+        if row is None:
+            return None
+        out = dict(zip([d[0] for d in cur.description], row, strict=True))
+        if isinstance(out.get("result"), bytes):
+            out["result"] = json.loads(out["result"])
+        return out
+
+    def prune(self, now: float, skew_s: float) -> int:
+        """Drop rows past expiry + skew: an older replay then fails the expiry check instead of the lookup."""
+        with self._tx():
+            n = self.db.execute("DELETE FROM nonces WHERE expires_at < ?", (now - skew_s,)).rowcount
+            n += self.db.execute(
+                "DELETE FROM jobs WHERE expires_at < ? AND state != 'running'", (now - skew_s,)
+            ).rowcount
+        return n
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class _Tx:
+    """BEGIN IMMEDIATE ... COMMIT: takes the write lock up front so two listeners' decisions serialize."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")

@@ -1,0 +1,65 @@
+"""`proctor run-request` as a user runs it: a real subprocess, JSON on stdout, the documented exit status,
+and never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from test_commands_support import home, policy_file, project, request, tools  # noqa: F401  (fixtures)
+
+PROCTOR = [sys.executable, "-c", "from proctor.cli import main; main()"]
+
+
+def cli(tmp_path: Path, req: object, *flags: str, raw: str | None = None, cwd: Path | None = None
+        ) -> tuple[int, dict, str]:
+    path = tmp_path / "req.json"
+    path.write_text(raw if raw is not None else json.dumps(req))
+    p = subprocess.run([*PROCTOR, "run-request", "--request-file", str(path), *flags], capture_output=True,
+                       text=True, env=os.environ.copy(), timeout=60, cwd=cwd)
+    assert "Traceback" not in p.stdout + p.stderr
+    return p.returncode, json.loads(p.stdout), p.stderr
+
+
+def test_ok_run_prints_the_result_and_exits_0(tmp_path, tools, project, policy_file) -> None:
+    req = request(tools, "write", "out/c.txt", expected_writes=["out/c.txt"])
+    code, out, _ = cli(tmp_path, req, "--project", ".", "--policy", str(policy_file), cwd=project)
+    assert code == 0 and out["ran"] and out["exit"] == 0 and out["undeclared_writes"] == []
+    assert list(out)[:9] == ["agent", "argv", "exit", "duration_ms", "stdout", "stderr", "truncated",
+                             "undeclared_writes", "ran"]
+    assert (project / "out" / "c.txt").exists()
+
+
+def test_the_default_policy_is_the_one_in_proctor_home(tmp_path, tools, project, policy_file) -> None:
+    req = request(tools, "write", "out/c.txt", expected_writes=["out/c.txt"])
+    code, out, _ = cli(tmp_path, req, "--project", str(project), "--dry-run")
+    assert code == 1 and out["ran"] is False and out["code"] == "DRY_RUN"
+    assert not (project / "out" / "c.txt").exists()
+
+
+def test_a_refusal_is_json_with_a_code_and_exit_2(tmp_path, tools, project, policy_file) -> None:
+    req = {**request(tools, "write", "out/c.txt"), "argv": "rm -rf /"}
+    code, out, _ = cli(tmp_path, req, "--project", str(project), "--policy", str(policy_file))
+    assert code == 2 and out["code"] == "ARGV_SHELL_STRING" and "shell string" in out["message"]
+    code, out, _ = cli(tmp_path, None, "--project", str(project), raw="{not json")
+    assert code == 2 and out["code"] == "REQUEST_UNREADABLE"
+    code, out, _ = cli(tmp_path, request(tools, "exit", "0"), "--project", str(tmp_path / "missing"))
+    assert code == 2 and out["code"] == "PROJECT_INVALID"
+
+
+def test_undeclared_writes_and_failures_exit_1_with_the_full_result(tmp_path, tools, project, policy_file) -> None:
+    code, out, _ = cli(tmp_path, request(tools, "write", "build/x.o"), "--project", str(project),
+                       "--policy", str(policy_file))
+    assert code == 1 and out["code"] == "UNDECLARED_WRITES" and out["undeclared_writes"] == ["build/x.o"]
+    code, out, _ = cli(tmp_path, request(tools, "exit", "4"), "--project", str(project), "--policy", str(policy_file))
+    assert code == 1 and out["exit"] == 4 and out["ran"]
+
+
+def test_tampering_exits_3(tmp_path, tools, project, policy_file, home) -> None:
+    req = request(tools, "tamper", str(home / "ledger.head"))
+    cli(tmp_path, request(tools, "exit", "0"), "--project", str(project), "--policy", str(policy_file))
+    code, out, _ = cli(tmp_path, req, "--project", str(project), "--policy", str(policy_file))
+    assert code == 3 and out["code"] == "LEDGER_TAMPERED"
