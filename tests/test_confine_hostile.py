@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -159,7 +160,9 @@ def test_proctor_home_is_unreadable(job: Job, mode: str) -> None:
 
 # --- network off -------------------------------------------------------------------------------------------
 
-PY = sys.executable
+# Probes run as `sh -c "PY ..."`, where no argv token names the interpreter for the sandbox to expose: a
+# system python, which the read-only root shows, keeps them independent of where the checkout lives.
+PY = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
 
 
 def _tcp_script(port: int) -> str:

@@ -149,3 +149,28 @@ def test_this_machine_gets_what_detect_found() -> None:
     expected = "+".join(n for n, on in (("bwrap", caps.bwrap is not None), ("landlock", caps.landlock)) if on)
     got = choose("required", caps)
     assert isinstance(got, Unavailable) if not expected else got.name == expected
+
+
+def test_exec_roots_expose_a_venv_under_the_private_tmp_and_never_tmp_itself(tmp_path):
+    from proctor.confine.plan import exec_roots
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    py = venv / "bin" / "python"
+    py.write_text("#!/bin/sh\n")
+    py.chmod(0o755)
+    script = tmp_path / "tool"
+    script.write_text(f"#!{py}\n")
+    script.chmod(0o755)
+    assert str(tmp_path).startswith("/tmp/")
+    assert exec_roots([str(py)]) == (venv,)
+    assert exec_roots(["/usr/bin/env", "-C", "/x", str(py), "arg"]) == (venv,)
+    assert set(exec_roots([str(script)])) == {tmp_path, venv}  # a #! script: its folder and its interpreter's root
+    assert exec_roots(["/bin/sh", "-c", "true"]) == ()  # control: nothing under a private tmpfs
+    loose = Path("/tmp") / f"proctor-probe-{os.getpid()}"
+    loose.write_text("#!/bin/sh\n")
+    loose.chmod(0o755)
+    try:
+        assert exec_roots([str(loose)]) == ()  # its folder would be /tmp itself: never granted
+    finally:
+        loose.unlink()

@@ -21,13 +21,13 @@ from proctor.confine.request import ConfineRequest
 PRIVATE_TMPFS = ("/tmp", "/run", "/var/tmp")
 
 
-def _tmpfs_dirs() -> list[str]:
+def tmpfs_dirs() -> list[str]:
     return [d for d in PRIVATE_TMPFS if os.path.isdir(d) and not os.path.islink(d)]
 
 
 def private_writable() -> tuple[Path, ...]:
     """Dirs that are fresh, job-only mounts inside the sandbox (tmpfs and --dev's /dev/shm): safe to write."""
-    return (*(Path(d) for d in _tmpfs_dirs()), Path("/dev/shm"))
+    return (*(Path(d) for d in tmpfs_dirs()), Path("/dev/shm"))
 
 
 def _depth(path: Path) -> int:
@@ -42,7 +42,7 @@ def bwrap_args(bwrap: str, req: ConfineRequest, extra_ro: tuple[Path, ...] = ())
         args.append("--share-net")
     args += ["--cap-drop", "ALL", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
              "--ro-bind", "/proc/sys", "/proc/sys"]
-    for d in _tmpfs_dirs():
+    for d in tmpfs_dirs():
         args += ["--tmpfs", d]
     # A hidden dir becomes an empty tmpfs, made read-only only after every deeper mount (the helper may
     # sit inside $PROCTOR_HOME) has created its mount point; a hidden file becomes /dev/null.

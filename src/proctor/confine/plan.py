@@ -7,12 +7,14 @@ the plan's `confinement`, `details` and `gaps` say exactly what enforced what.
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, Protocol
 
-from proctor.confine.bwrap import bwrap_args, private_writable
+from proctor.confine.bwrap import bwrap_args, private_writable, tmpfs_dirs
 from proctor.confine.detect import Capabilities
 from proctor.confine.landlock import helper_args
 from proctor.confine.request import ConfinePlan, ConfineRequest, Confinement, Unavailable
@@ -92,7 +94,7 @@ class LayeredConfiner:
         if self.use_bwrap:
             assert self.caps.bwrap is not None
             extra = (self.caps.helper,) if self.use_landlock and self.caps.helper else ()
-            cmd = bwrap_args(self.caps.bwrap, req, extra) + cmd
+            cmd = bwrap_args(self.caps.bwrap, req, extra + exec_roots(argv)) + cmd
         details = self._details(req, abi, netns)
         return ConfinePlan(cmd, env, self.name, details, _gaps(req, self.use_bwrap, abi, netns))
 
@@ -108,6 +110,45 @@ class LayeredConfiner:
             "uid": "0 in a user namespace, no capabilities" if self.use_bwrap and self.caps.uid == 0
             else f"{self.caps.uid}, no capabilities" if self.use_landlock else str(self.caps.uid),
         }
+
+
+def exec_roots(argv: Sequence[str]) -> tuple[Path, ...]:
+    """What the programs of `argv` need that the private tmpfs would hide: their install roots, read-only.
+
+    Measured in a clean clone under /tmp: the venv's python (and a `#!` script's interpreter) vanished
+    inside bwrap and every confined run exited 127. The programs are argv[0] and any later token naming an
+    executable file (`env -C DIR /venv/bin/python ...`). `<root>/bin/<exe>` grants `<root>` (a venv needs
+    its pyvenv.cfg and lib/), anything else its own folder; never a whole tmpfs dir.
+    """
+    programs = []
+    first = shutil.which(argv[0]) if argv and os.sep not in argv[0] else (argv[0] if argv else None)
+    if first:
+        programs.append(first)
+    programs += [t for t in argv[1:] if t.startswith("/") and os.path.isfile(t) and os.access(t, os.X_OK)]
+    paths: list[Path] = []
+    for prog in programs:
+        paths.append(Path(os.path.abspath(prog)))
+        try:
+            with open(prog, "rb") as fh:
+                head = fh.readline(512)
+        except OSError:
+            continue
+        if head.startswith(b"#!"):
+            interp = head[2:].strip().split(b" ")[0].decode("utf-8", "replace")
+            if interp:
+                paths.append(Path(interp))
+    tmpfs = {Path(d) for d in tmpfs_dirs()}
+    roots: list[Path] = []
+    for p in paths:
+        for cand in (p, Path(os.path.realpath(p))):
+            if not any(t in cand.parents for t in tmpfs):
+                continue
+            root = cand.parent.parent if cand.parent.name == "bin" else cand.parent
+            if root in tmpfs or root == Path("/"):
+                root = cand.parent
+            if root not in tmpfs and root not in roots:
+                roots.append(root)
+    return tuple(roots)
 
 
 def choose(mode: Mode, caps: Capabilities) -> Confiner | Unavailable:
