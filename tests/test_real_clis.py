@@ -490,14 +490,19 @@ def no_process_left_in(wt: Path) -> list[str]:
     return left
 
 
+@pytest.mark.parametrize("confine", ["off", "auto"])
 @pytest.mark.parametrize("name", ["claude", "gemini", "grok"])
-def test_host_ends_real_offline_cli_failed_after_one_retry(tmp_path, monkeypatch, name):
+def test_host_ends_real_offline_cli_failed_after_one_retry(tmp_path, monkeypatch, name, confine):
+    """Unconfined and under the machine's strongest confinement: the real CLI must still fail on auth,
+    not on a state file its confinement hid from it."""
     installed(name)
     home = tmp_path / "home"
     home.mkdir()
     repo = make_repo(tmp_path, {"README.md": "hello\n"})
+    config = host_config(home, monkeypatch).model_copy(update={"confine": confine})
     res = run_agent(RunAgentRequest(agent=name, task=DASHED, repo=str(repo), ticket="T-1", timeoutSec=60),
-                    config=host_config(home, monkeypatch))
+                    config=config)
+    assert (res.confinement == "none") is (confine == "off"), res.confinement
     want = EXPECT[name].exit_codes
     assert res.status is Status.failed and res.code is Code.AGENT_FAILED, res
     assert res.attempts == 2 and len(res.exit_codes) == 2 and set(res.exit_codes) <= set(want), res.exit_codes

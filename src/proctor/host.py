@@ -219,7 +219,7 @@ def _in_worktree(job, spec, repo, base, confiner, mode, inv, env, agent_tmp, hos
     # Decided on the fresh checkout, before the agent runs: the agent must not pick its own test.
     plan = validate.given(req.validate_command) if req.validate_command else validate.detect(wt.path)
 
-    cplan = _confine(job, spec, confiner, mode, wt, agent_tmp, list(inv.argv))
+    cplan = _confine(job, spec, confiner, mode, wt, agent_tmp, list(inv.argv), env)
     if isinstance(cplan, confine.Unavailable):
         result.code, result.summary = cplan.code, cplan.reason
         job.risks.append(f"{cplan.reason}; nothing was launched")
@@ -264,15 +264,17 @@ def _in_worktree(job, spec, repo, base, confiner, mode, inv, env, agent_tmp, hos
 
 
 def _confine(job: _Job, spec: AdapterSpec, confiner: confine.Confiner, mode: str, wt: worktree.Worktree,
-             agent_tmp: Path, argv: list[str]) -> confine.ConfinePlan | confine.Unavailable:
+             agent_tmp: Path, argv: list[str], env: dict[str, str]) -> confine.ConfinePlan | confine.Unavailable:
     """The OS-enforced plan for this job's agent, never silently weaker than the policy asked."""
     planted = confine.refuse_hard_links(wt.path)
     if planted:
         # A hard link the host left in the worktree is writable under every layer (research/sandbox.md).
         return confine.Unavailable(f"worktree files with more than one hard link: {', '.join(planted[:5])}")
     state_dirs = []
+    # `~` is the agent's HOME (an adapter's env may move it), which is where its CLI writes its state.
+    home = env.get("HOME") or str(Path.home())
     for raw in spec.state_dirs:
-        d = Path(raw).expanduser()
+        d = Path(home + raw[1:]) if raw == "~" or raw.startswith("~/") else Path(raw)
         if d.exists() and not d.is_dir():
             return confine.Unavailable(f"state_dirs entry {raw!r} of agent {spec.name!r} is not a directory")
         d.mkdir(parents=True, exist_ok=True)
