@@ -401,7 +401,7 @@ class TaskPlan(BaseModel):
     reason: str
     goal: str
     workspace: str
-    limits: dict[str, float]
+    limits: dict[str, int | float]
     limits_lowered: list[str]
     policy_source: str | None
     tools: list[ToolPlan]
