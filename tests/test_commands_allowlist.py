@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+import pickle
+import signal
+import tempfile
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proctor.commands import Allowlist, ProposalError, RequestCode, snapshot
+from proctor.commands import Allowlist, ProposalError, RequestCode, confined, controlplane, snapshot
 from proctor.commands.controlplane import ControlPlane
 from proctor.commands.globs import covers_folder, literal_root, matches
 from proctor.commands.pattern import PathContext, match
@@ -179,14 +182,153 @@ def test_the_diff_uses_a_hash_only_where_metadata_cannot_tell(tmp_path: Path) ->
 def test_the_snapshot_watches_git_persistence_paths(project: Path) -> None:
     watch = snapshot.git_watch_paths([project / ".git"])
     before = snapshot.take(project, watch)
-    assert not any(k.startswith(".git/objects") for k in before.entries)
+    # git's own churn is left out: loose objects, packs, logs, the index
+    assert ".git/objects/info" in before.entries and ".git/refs/heads/master" in before.entries
+    assert not any(k.startswith((".git/objects/pack", ".git/logs")) or k == ".git/index" for k in before.entries)
+    assert not any(k.startswith(".git/objects/") and len(k.split("/")[2]) == 2 for k in before.entries)
     (project / ".git" / "hooks" / "pre-commit").write_text("#!/bin/sh\necho pwned\n")
     with open(project / ".git" / "config", "a") as fh:
         fh.write("[core]\n\tfsmonitor = evil\n")
     (project / "vendor" / ".git").mkdir(parents=True)
+    (project / "vendor" / ".git" / "config").write_text("[core]\n")
+    (project / ".git" / "refs" / "heads" / "master").write_text("0" * 40 + "\n")
+    (project / ".git" / "objects" / "info" / "alternates").write_text("/tmp/evil\n")
+    (project / ".git" / "modules" / "sub" / "hooks").mkdir(parents=True)
+    (project / ".git" / "modules" / "sub" / "hooks" / "post-checkout").write_text("#!/bin/sh\n")
+    (project / ".git" / "packed-refs").write_text("# pack-refs\n")
     changes = snapshot.diff(before, snapshot.take(project, watch, reference=before))
-    assert {".git/hooks/pre-commit", ".git/config", "vendor"} <= set(changes.paths)
-    assert "vendor/.git" not in changes.paths and "vendor" in changes.folders
+    assert {".git/hooks/pre-commit", ".git/config", "vendor", "vendor/.git", "vendor/.git/config",
+            ".git/refs/heads/master", ".git/objects/info/alternates", ".git/modules/sub/hooks/post-checkout",
+            ".git/packed-refs"} <= set(changes.paths)
+    assert "vendor" in changes.folders
+
+
+def test_git_churn_is_not_a_change_but_a_new_top_level_git_dir_is_walked(tmp_path: Path, project: Path) -> None:
+    import subprocess
+
+    watch = snapshot.git_watch_paths([project / ".git"])
+    before = snapshot.take(project, watch)
+    (project / "src" / "app.py").write_text("print('changed')\n")
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@x", "commit", "-qam", "c"], cwd=project,
+                   check=True)  # new loose objects, logs, index; and refs/heads/master, which is not churn
+    changes = snapshot.diff(before, snapshot.take(project, watch, reference=before))
+    assert {p for p in changes.paths if p.startswith(".git/")} <= {".git/refs/heads/master", ".git/ORIG_HEAD",
+                                                                   ".git/COMMIT_EDITMSG"}
+    assert ".git/refs/heads/master" in changes.paths
+    # Not watched (not this project's git dir): the top-level `.git` folder is walked like any other.
+    plain = tmp_path / "plain"
+    (plain / ".git" / "hooks").mkdir(parents=True)
+    before = snapshot.take(plain)
+    (plain / ".git" / "hooks" / "post-checkout").write_text("#!/bin/sh\n")
+    assert snapshot.diff(before, snapshot.take(plain, reference=before)).paths == [".git/hooks/post-checkout"]
+
+
+def test_a_write_root_linked_out_of_the_project_is_refused(tmp_path: Path) -> None:
+    proj, home = tmp_path / "proj", tmp_path / "home"
+    for d in (proj / "out", home, tmp_path / "victim"):
+        d.mkdir(parents=True)
+    (proj / "build").symlink_to(tmp_path / "victim")  # planted by the agent before asking
+    (proj / "gen").symlink_to(proj / "out")  # a link that stays inside: fine
+    plane = controlplane.build(proj, home=home, ledger_files=[], policy_source=None, briefs=[])
+
+    def entry(writes: str):
+        return Allowlist.parse(ENTRY.format(argv='["/usr/bin/make"]', more=f"writes = {writes}\n"
+                                            'confinement = {profile = "confined", exec_paths = ["/usr"]}')
+                               ).file.agents["a"].commands[0]
+
+    with pytest.raises(ProposalError) as info:
+        confined.check(entry('["build/**"]'), Path("/usr/bin/make"), plane, confine=True)
+    assert info.value.code == RequestCode.WRITE_ROOT_PROTECTED and "outside the project" in info.value.message
+    try:  # control: past the root checks (it may still find no confiner on this machine)
+        grant = confined.check(entry('["gen/**"]'), Path("/usr/bin/make"), plane, confine=True)
+        assert grant is not None and grant.roots == (proj / "out",)
+    except ProposalError as exc:
+        assert exc.code == RequestCode.CONFINEMENT_UNAVAILABLE, exc.message
+
+
+def _as_nobody(fn):
+    """Run `fn` in a forked child as uid 65534 (where permissions bite even when the tests run as root)."""
+    if os.geteuid() != 0:
+        return fn()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                out = ("ok", fn())
+            except BaseException as exc:  # sent back to the test
+                out = ("raised", f"{type(exc).__name__}: {exc}")
+            with os.fdopen(w, "wb") as fh:
+                fh.write(pickle.dumps(out))
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as fh:
+        data = fh.read()
+    os.waitpid(pid, 0)
+    kind, value = pickle.loads(data)
+    if kind == "raised":
+        raise AssertionError(f"as uid 65534: {value}")
+    return value
+
+
+def test_a_listable_but_unsearchable_folder_reads_as_changed_not_an_error() -> None:
+    base = Path(tempfile.mkdtemp(dir="/tmp"))  # not under pytest's 0700 tmp: uid 65534 must reach it
+    try:
+        base.chmod(0o755)
+        (base / "d").mkdir(mode=0o755)
+        (base / "d" / "f").write_text("x")
+        (base / "d" / "f").chmod(0o644)
+
+        def after(lock: bool) -> list[str]:
+            before = _as_nobody(lambda: snapshot.take(base))
+            (base / "d" / ("g" if lock else "h")).write_text("undeclared")
+            if lock:
+                (base / "d").chmod(0o444)  # readable listing, no search permission
+            return snapshot.diff(before, _as_nobody(lambda: snapshot.take(base, reference=before))).paths
+
+        assert after(False) == ["d/h"]  # control: readable, just the new file
+        paths = after(True)
+        assert {"d/f", "d/g"} <= set(paths), paths
+    finally:
+        os.chmod(base / "d", 0o755)
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_failing_parent_walk_does_not_deadlock_on_the_worker(tmp_path: Path, monkeypatch) -> None:
+    root = tmp_path / "t"
+    for i in range(8):
+        (root / f"d{i}").mkdir(parents=True)
+    monkeypatch.setattr(snapshot, "PARALLEL_MIN_DIRS", 4)
+    monkeypatch.setattr(snapshot, "_can_fork", lambda: True)
+    parent, real_walk = os.getpid(), snapshot._walk
+
+    def walk(stack, entries, digests, racy_from, ref, skip=None):
+        if os.getpid() == parent:
+            raise OSError("injected: the parent's half failed")
+        for i in range(200_000):  # a result far bigger than a pipe's buffer
+            entries[f"x/{i}"] = (snapshot.FILE, 0o100644, i, i, i, i, None)
+
+    def hung(*_):
+        raise TimeoutError("take() hung waiting on its worker")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        monkeypatch.setattr(snapshot, "_walk", walk)
+        with pytest.raises(OSError, match="injected"):
+            snapshot.take(root)
+        monkeypatch.setattr(snapshot, "_walk", real_walk)  # control: the same split walk, nothing failing
+        assert set(snapshot.take(root).entries) == {f"d{i}" for i in range(8)}
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads every folder")

@@ -63,3 +63,15 @@ def test_tampering_exits_3(tmp_path, tools, project, policy_file, home) -> None:
     cli(tmp_path, request(tools, "exit", "0"), "--project", str(project), "--policy", str(policy_file))
     code, out, _ = cli(tmp_path, req, "--project", str(project), "--policy", str(policy_file))
     assert code == 3 and out["code"] == "LEDGER_TAMPERED"
+
+
+def test_a_deeply_nested_request_is_unusable_input_not_a_traceback(tmp_path, tools, project, policy_file) -> None:
+    code, out, _ = cli(tmp_path, None, "--project", str(project), "--policy", str(policy_file),
+                       raw="[" * 200_000 + "]" * 200_000)
+    assert code == 2 and out["code"] == "REQUEST_UNREADABLE" and "nested too deeply" in out["message"]
+    # control: a request of ordinary depth, with a nested (ignored-by-shape) value, still reads and is judged
+    code, out, _ = cli(tmp_path, {**request(tools, "exit", "0"), "extra": [[[1]]]}, "--project", str(project),
+                       "--policy", str(policy_file))
+    assert code == 2 and out["code"] == "REQUEST_SHAPE"
+    code, out, _ = cli(tmp_path, request(tools, "exit", "0"), "--project", str(project), "--policy", str(policy_file))
+    assert code == 0 and out["ran"]

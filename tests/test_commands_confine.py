@@ -69,6 +69,8 @@ CASES = {
     "root_holds_git": (RequestCode.WRITE_ROOT_PROTECTED, dict(writes='["**"]'), {}),
     "root_missing": (RequestCode.CONFINEMENT_UNAVAILABLE, dict(writes='["gen/**"]'), {"mkdir": "gen"}),
     "root_hard_link": (RequestCode.WRITE_ROOT_PROTECTED, {}, {"link": "out/notes-link"}),
+    # a write root planted as a link out of the project: the OS would grant the outside folder
+    "root_symlink_out": (RequestCode.WRITE_ROOT_PROTECTED, dict(writes='["out/**", "gen/**"]'), {"symlink": "gen"}),
 }
 
 
@@ -80,15 +82,24 @@ def test_confinement_refusals_beside_a_confined_control(name, tmp_path, confined
     request = req(p, "write", where, writes=[where])
     if "link" in fix:  # a hard link in a write root writes through to its other name, outside the roots
         os.link(p / "notes.txt", p / fix["link"])
+    if "symlink" in fix:
+        (tmp_path / "victim").mkdir()
+        (p / fix["symlink"]).symlink_to(tmp_path / "victim")
     with pytest.raises(ProposalError) as info:
         run_request(request, project=p, policy=policy(tmp_path, p, **bad), confine=True)
     assert info.value.code == code, info.value.message
     assert not (p / where).exists()
     if "link" in fix:
         (p / fix["link"]).unlink()
+    if "symlink" in fix:
+        assert not os.listdir(tmp_path / "victim")
+        (p / fix["symlink"]).unlink()
+        (p / fix["symlink"]).mkdir()  # the same entry, its root now a folder of the project's
     if "mkdir" in fix:
         (p / fix["mkdir"]).mkdir()
         good = policy(tmp_path, p, writes='["gen/**"]')
+    elif "symlink" in fix:
+        good = policy(tmp_path, p, **bad)
     else:
         good = policy(tmp_path, p)
     result = run_request(request, project=p, policy=good, confine=True)

@@ -145,6 +145,23 @@ def c_cwd(c: Ctx) -> Pair:
     return c.call(c.ok(cwd="src")), c.call()
 
 
+def c_cwd_symlink_out(c: Ctx) -> Pair:
+    # The pinned cwd replaced by a link out of the project; the control's pinned cwd is a link that stays in.
+    import json
+
+    (c.tmp / "elsewhere").mkdir()
+    (c.project / "ext").symlink_to(c.tmp / "elsewhere")
+    (c.project / "inner").symlink_to(c.project / "src")
+    act, evidence = json.dumps(str(c.tools / "act.py")), json.dumps(str(c.evidence))
+    extra = "".join(
+        f'\n[[agents.codex.commands]]\nname = "{d}"\nargv = [{json.dumps(PY)}, {act}, "write", {evidence}]\n'
+        f'cwd = "{d}"\nwrites = ["out/**"]\n' for d in ("ext", "inner")
+    )
+    pol = c.policy_with("cwds", extra)
+    req = request(c.tools, "write", str(c.evidence), expected_writes=["out/e.txt"])
+    return c.call({**req, "cwd": "ext"}, policy=pol), c.call({**req, "cwd": "inner"}, policy=pol)
+
+
 _PROGS = """
 [[agents.codex.commands]]
 name = "missing"
@@ -330,6 +347,7 @@ CASES: list[tuple[RequestCode, Callable[..., Pair]]] = [
     (RequestCode.ARG_PATH_OUTSIDE_PROJECT, c_arg_symlink_out),
     (RequestCode.ARG_PATH_PROTECTED, c_arg_protected),
     (RequestCode.CWD_MISMATCH, c_cwd),
+    (RequestCode.CWD_MISMATCH, c_cwd_symlink_out),
     (RequestCode.PROGRAM_NOT_FOUND, c_program_missing),
     (RequestCode.PROGRAM_NOT_FOUND, c_path_in_project_dropped),
     (RequestCode.PROGRAM_IN_PROJECT, c_program_in_project),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -20,12 +21,15 @@ from proctor.commands import (
     snapshot,
 )
 from test_commands_support import (  # noqa: F401  (fixtures)
+    PY,
+    base_policy,
     home,
     ledger_kinds,
     ledger_rows,
     policy_file,
     project,
     request,
+    toml_str,
     tools,
 )
 
@@ -181,3 +185,61 @@ def test_a_changed_ledger_or_dispatch_file_raises_and_nothing_more_is_recorded(
     assert info.value.code == RequestCode.LEDGER_TAMPERED and str(path) in info.value.message
     kinds = ledger_kinds(home)
     assert len(kinds) == rows_before + 1 and kinds[-1] == "run-request-start"
+
+
+GIT_TARGETS = [".git/refs/heads/master", ".git/objects/info/alternates", ".git/modules/sub/hooks/post-checkout",
+               ".git/packed-refs", ".git/hooks/post-checkout", "src/.git/payload", "src/.git/hooks/pre-commit"]
+
+
+@pytest.mark.parametrize("target", GIT_TARGETS)
+def test_writes_in_git_internals_or_a_nested_git_dir_are_undeclared(target, tools, project, home, tmp_path) -> None:
+    gitbin = shutil.which("git")
+    act = toml_str(tools / "act.py")
+    pol = tmp_path / "git.toml"
+    pol.write_text(base_policy(tools, extra=f"""
+[[agents.codex.commands]]
+name = "git-write"
+argv = [{toml_str(PY)}, {act}, "write", {toml_str(project / target)}]
+[[agents.codex.commands]]
+name = "git-status"
+argv = [{toml_str(gitbin)}, "status", "--porcelain"]
+"""))
+    original = (project / target).read_bytes() if (project / target).exists() else None
+    with pytest.raises(UndeclaredWritesError) as info:
+        run_request(request(tools, "write", str(project / target)), project=project, policy=pol)
+    assert target in info.value.result.undeclared_writes and (project / target).exists()
+    if original is None:
+        (project / target).unlink()
+    else:
+        (project / target).write_bytes(original)
+    # Control: git's own churn (status refreshing .git/index after a touch) is not a write of the command's.
+    os.utime(project / "src" / "app.py", ns=(1, time.time_ns()))
+    index = (project / ".git" / "index").stat().st_mtime_ns
+    req = {**request(tools), "argv": [gitbin, "status", "--porcelain"]}
+    result = run_request(req, project=project, policy=pol)
+    assert result.ok and result.undeclared_writes == [], result
+    assert (project / ".git" / "index").stat().st_mtime_ns != index  # the control did touch the git dir
+
+
+@pytest.mark.parametrize("name", ["signers.toml", "keys/host.key", "keys/new.key", "config.toml", "policy.toml",
+                                  "commands.toml"])
+def test_a_command_rewriting_proctor_trust_or_config_is_tamper(name, tools, project, home, tmp_path) -> None:
+    (home / "keys").mkdir()
+    for n in ("signers.toml", "keys/host.key", "config.toml", "policy.toml"):
+        (home / n).write_text("trusted\n")
+    target = home / name
+    pol = tmp_path / "tamper.toml"  # outside the home, so only the home's own files are at stake
+    pol.write_text(base_policy(tools, extra=f"""
+[[agents.codex.commands]]
+name = "rewrite-home"
+argv = [{toml_str(PY)}, {toml_str(tools / "act.py")}, "tamper", {toml_str(target)}]
+"""))
+    (home / "commands.toml").write_text(pol.read_text())
+    run(tools, project, pol, "exit", "0")  # control: untouched, the run accounts normally
+    assert ledger_kinds(home)[-1] == "run-request-end"
+    with pytest.raises(LedgerTamperedError) as info:
+        run_request({**request(tools), "argv": [PY, str(tools / "act.py"), "tamper", str(target)]}, project=project,
+                    policy=pol)
+    assert info.value.code == RequestCode.LEDGER_TAMPERED and str(target.parent if name == "keys/new.key"
+                                                                  else target) in info.value.message
+    assert ledger_kinds(home)[-1] == "run-request-start"

@@ -51,6 +51,8 @@ def run_request_cmd(request_file, project, policy_file, dry_run, confine, timeou
     try:
         with open(request_file, encoding="utf-8") as fh:
             raw = json.load(fh)
+    except RecursionError:
+        _refusal(RequestCode.REQUEST_UNREADABLE, f"request file {request_file!r} is nested too deeply to read", 2)
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         why = getattr(exc, "strerror", None) or str(exc)
         _refusal(RequestCode.REQUEST_UNREADABLE, f"request file {request_file!r} cannot be read as JSON: {why}", 2)

@@ -71,6 +71,11 @@ def check(entry: Entry, program: Path, plane: ControlPlane, *, confine: bool) ->
         )
     roots = write_roots(entry, plane)
     for root in roots:
+        if plane.relative(root) is None:  # e.g. `build -> /outside` planted before asking
+            raise ProposalError(
+                RequestCode.WRITE_ROOT_PROTECTED,
+                f"write root {root} of entry {entry.name!r} resolves outside the project {plane.project}",
+            )
         if plane.overlaps(root):
             raise ProposalError(
                 RequestCode.WRITE_ROOT_PROTECTED,

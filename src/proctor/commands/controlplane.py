@@ -30,7 +30,8 @@ class ControlPlane:
     protected: tuple[Path, ...]
     """Real paths no command may write; each covers everything under it."""
     tamper_files: tuple[Path, ...]
-    """Files whose change during a run means tampering: ledger, WAL, head, allowlist, briefs."""
+    """Files whose change during a run means tampering: ledger, WAL, head, allowlist, briefs, and the home's
+    signers.toml, keys/, config.toml, policy.toml and commands.toml."""
 
     def relative(self, path: Path) -> str | None:
         """The project-relative posix form of a real path (`.` for the root), None when outside."""
@@ -70,10 +71,24 @@ def build(
     tamper = [real(p) for p in ledger_files]
     if policy_source is not None:
         tamper.append(real(policy_source))
+    tamper.extend(real(p) for p in _home_files(home))
     for brief in briefs:
         tamper.append(real(brief if os.path.isabs(brief) else proj / brief))
     protected = [real(home), proj / ".git", *tamper]
     return ControlPlane(proj, tuple(dict.fromkeys(protected)), tuple(dict.fromkeys(tamper)))
+
+
+def _home_files(home: Path) -> list[Path]:
+    """Proctor's own trust and configuration in its home: who may sign, its keys, its config and policy, the
+    default allowlist. `keys` itself too: its ctime moves when a key file is added or removed."""
+    files = [home / n for n in ("signers.toml", "config.toml", "policy.toml", "commands.toml")]
+    keys = home / "keys"
+    files.append(keys)
+    try:
+        files.extend(sorted(keys / n for n in os.listdir(keys)))
+    except OSError:
+        pass
+    return files
 
 
 def fingerprint(path: Path) -> Fingerprint:

@@ -164,6 +164,11 @@ def _prepare(
     )
     entry = allow.select(req.agent, req.argv, req.cwd, plane)  # 3
     cwd = real(plane.project / entry.cwd)
+    if plane.relative(cwd) is None or plane.is_protected(cwd):  # a symlink planted where the pinned cwd was
+        raise ProposalError(
+            RequestCode.CWD_MISMATCH,
+            f"pinned cwd {entry.cwd!r} resolves to {cwd}, outside the project or in its control plane",
+        )
     env = scrubbed_env(entry, plane)
     program = resolve_program(entry.program, env["PATH"], plane, cwd)
     writes_ok = [*entry.writes, *allow.agent(req.agent).write_scopes]
