@@ -130,15 +130,15 @@ class JobGroup:
 
     def remove(self) -> None:
         self.close_fd()
-        for _ in range(50):
+        for _ in range(500):
             try:
                 self.path.rmdir()
                 return
             except FileNotFoundError:
                 return
             except OSError:
-                # EBUSY until the last zombie is reaped by its parent.
-                time.sleep(0.01)
+                # EBUSY for a moment after the last member was reaped (measured: ~1 ms); poll finely.
+                time.sleep(0.001)
 
 
 def group_name(prefix: str) -> str:

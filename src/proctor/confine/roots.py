@@ -13,7 +13,6 @@ directory, which must hold nothing but its own branch, or the agent could rewrit
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -92,15 +91,22 @@ def job_roots(
 
 def refuse_hard_links(worktree: Path) -> list[str]:
     """Worktree files (relative paths) with more than one link: writable through in every mode (measured,
-    research/sandbox.md 2d), so the host refuses to start on any."""
-    found = []
-    for dirpath, _, filenames in os.walk(worktree):
-        for name in filenames:
-            path = os.path.join(dirpath, name)
-            try:
-                st = os.lstat(path)
-            except FileNotFoundError:
-                continue
-            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
-                found.append(os.path.relpath(path, worktree))
+    research/sandbox.md 2d), so the host refuses to start on any. One scandir pass (an lstat per file)."""
+    found: list[str] = []
+    stack = [str(worktree)]
+    root_len = len(str(worktree)) + 1
+    while stack:
+        try:
+            it = os.scandir(stack.pop())
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue
+        with it:
+            for entry in it:
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    elif entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_nlink > 1:
+                        found.append(entry.path[root_len:])
+                except FileNotFoundError:
+                    continue
     return sorted(found)
