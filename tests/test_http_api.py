@@ -22,6 +22,7 @@ from proctor.queue.envelope import canonical_json
 from proctor.queue.jetstream import JetStreamBackend
 from proctor.queue.kinds import NoopRunner
 from proctor.queue.listener import Listener, Settings
+from proctor.queue.memory import MemoryBackend
 from proctor.queue.signers import load_trust
 from proctor.queue.store import JobStore
 from proctor.queue.testing import trusted_home
@@ -120,3 +121,24 @@ def test_bad_envelopes_get_clear_4xx(api):
         assert http.get("/v1/jobs/nope").status_code == 404
         assert http.get("/v1/jobs/nope/result").status_code == 404
         assert "/v1/jobs" in http.get("/openapi.json").json()["paths"]
+
+
+class _DownBackend(MemoryBackend):
+    async def publish(self, host, lane, job_id, data):
+        raise ConnectionError("nats: no servers available")
+
+
+def test_a_queue_that_cannot_take_the_job_is_a_503_not_a_500(tmp_path):
+    from fastapi.testclient import TestClient
+
+    trusted_home(tmp_path)
+    trust = load_trust(tmp_path)
+    for backend, want in ((MemoryBackend(), 202), (_DownBackend(), 503)):  # control first
+
+        async def factory(backend=backend):
+            return backend
+
+        with TestClient(create_app(factory, trust)) as http:
+            res = http.post("/v1/jobs", json=envelope(tmp_path))
+        assert res.status_code == want, res.text
+    assert "did not accept the job" in res.json()["detail"]

@@ -1,7 +1,7 @@
 """FastAPI app: POST /v1/jobs (a signed envelope -> 202 + job id), GET /v1/jobs/{id}, GET .../result?wait=S.
 
 Owns mapping queue outcomes to HTTP: a malformed envelope is 400, a bad or untrusted signature 401, a signer
-not trusted for the kind 403, an invalid payload 422, an unknown job 404, a result not ready yet 202. It never
+not trusted for the kind 403, an invalid payload 422, an unknown job 404, a result not ready yet 202, a queue that cannot take the job 503. It never
 signs on a caller's behalf: the caller's own signature is the authentication, and the target host's listener
 checks it again before anything runs.
 """
@@ -69,7 +69,7 @@ def create_app(backend_factory: Callable[[], Awaitable[QueueBackend]], trust: Tr
 
     app = FastAPI(title="proctor queue", version="1", lifespan=lifespan)
     errors: dict[int | str, dict[str, Any]] = {
-        code: {"model": Problem} for code in (400, 401, 403, 404, 422)
+        code: {"model": Problem} for code in (400, 401, 403, 404, 422, 503)
     }
 
     @app.post("/v1/jobs", status_code=202, response_model=Accepted, responses=errors)
@@ -97,7 +97,10 @@ def create_app(backend_factory: Callable[[], Awaitable[QueueBackend]], trust: Tr
             problems.append("envelope has expired")
         if problems:
             raise HTTPException(422, problems)
-        done = await sender.publish(state["backend"], Sealed(env.alg, env.body, env.sig))
+        try:
+            done = await sender.publish(state["backend"], Sealed(env.alg, env.body, env.sig))
+        except Exception as exc:  # noqa: BLE001 - the queue is down or refused: the client may retry
+            raise HTTPException(503, f"the queue did not accept the job: {type(exc).__name__}: {exc}") from None
         return Accepted(jobId=done.job_id, target=done.target, lane=done.lane, kind=done.kind)
 
     @app.get("/v1/jobs/{job_id}", response_model=JobState, responses=errors)

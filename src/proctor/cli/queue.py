@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import signal
 import sys
@@ -19,6 +20,7 @@ from typing import Any, NoReturn
 import click
 
 from proctor.cli import main
+from proctor.config import ConfigError, load_config
 from proctor.home import ensure_home
 from proctor.ledger import Ledger
 from proctor.queue import keys, sender, server
@@ -84,6 +86,12 @@ def _signer(name: str) -> keys.Ed25519Signer | keys.HmacKey:
         fail(str(exc))
 
 
+def _check_ttl(_ctx: Any, _param: Any, value: float) -> float:
+    if not math.isfinite(value) or value < 1:
+        raise click.BadParameter(f"must be a finite number of seconds >= 1, not {value}")
+    return value
+
+
 def job_options(f: Any) -> Any:
     for opt in reversed([
         click.option("--targets", required=True, help="Comma-separated host names; one job per host."),
@@ -92,7 +100,7 @@ def job_options(f: Any) -> Any:
         click.option("--payload-file", required=True, help="JSON payload (a run_agent request); - for stdin."),
         click.option("--key", "key_name", default=keys.SENDER_KEY, show_default=True, help="Signing key name."),
         click.option("--ttl", "ttl_s", default=sender.DEFAULT_TTL_S, show_default=True, type=float,
-                     help="Seconds until the job expires unstarted."),
+                     callback=_check_ttl, help="Seconds until the job expires unstarted."),
         queue_option,
     ]):
         f = opt(f)
@@ -107,6 +115,8 @@ async def _enqueue(url: str, targets: str, kind: str, lane: str, payload: Any, s
     backend = await connect(url)
     try:
         return [(await sender.publish(backend, s)).job_id for s in built]
+    except Exception as exc:  # noqa: BLE001 - a broker that refuses or times out is one clear message
+        fail(f"could not enqueue on the queue at {url}: {type(exc).__name__}: {exc}")
     finally:
         await backend.close()
 
@@ -127,10 +137,10 @@ def send_cmd(targets, kind, lane, payload_file, key_name, ttl_s, queue_url, wait
     """Enqueue like `enqueue`, wait for each signed result, print them; exit 0 iff all completed."""
     url = resolve_queue(queue_url)
     payload, signer = _load_payload(payload_file), _signer(key_name)
+    trust = _trust()
 
     async def go() -> tuple[list[dict[str, Any]], bool]:
         ids = await _enqueue(url, targets, kind, lane, payload, signer, ttl_s)
-        trust = _trust()
         backend = await connect(url)
         try:
             outs, ok = [], True
@@ -178,7 +188,11 @@ def listen_cmd(host, lanes, ack_wait_s, config_file, nkey_seed, queue_url) -> No
         fail(str(exc))
     home = ensure_home()
     trust = _trust()
-    host_key = keys.load_or_generate(keys.HOST_KEY)
+    try:
+        host_key = keys.load_or_generate(keys.HOST_KEY)
+        confine = load_config(config_file).confine
+    except (keys.KeyFileError, ConfigError) as exc:
+        fail(str(exc))
     store = JobStore(home / "queue.sqlite3")
     runners = {
         "noop": NoopRunner(),
@@ -195,7 +209,7 @@ def listen_cmd(host, lanes, ack_wait_s, config_file, nkey_seed, queue_url) -> No
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         audit = BatchedAudit(Ledger.default())
-        listener = Listener(settings, backend, trust, host_key, store, audit, runners)
+        listener = Listener(settings, backend, trust, host_key, store, audit, runners, confine=confine)
         click.echo(json.dumps({"listening": host, "lanes": settings.lanes, "queue": url, "pid": os.getpid()}),
                    err=True)
         try:
@@ -212,11 +226,12 @@ def listen_cmd(host, lanes, ack_wait_s, config_file, nkey_seed, queue_url) -> No
 def job_cmd(job_id, queue_url) -> None:
     """Show a job: where it went, whether it runs, its verified result."""
     url = resolve_queue(queue_url)
+    trust = _trust()
 
     async def go() -> dict[str, Any] | None:
         backend = await connect(url)
         try:
-            return await sender.status(backend, _trust(), job_id)
+            return await sender.status(backend, trust, job_id)
         finally:
             await backend.close()
 

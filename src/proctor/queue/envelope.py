@@ -25,6 +25,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from proctor.ledger import canonical_json as ledger_canonical_json
+
 ENVELOPE_VERSION = 1
 JOB_DOMAIN = b"proctor/job/v1\n"
 RESULT_DOMAIN = b"proctor/result/v1\n"
@@ -36,7 +38,7 @@ MAX_ENVELOPE_BYTES = 1_048_576
 
 def canonical_json(obj: Any) -> bytes:
     """Sorted keys, no whitespace, UTF-8: one byte string per value, so a sender can sign deterministically."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    return ledger_canonical_json(obj).encode()
 
 
 def b64e(data: bytes) -> str:

@@ -23,6 +23,7 @@ with `nkeys_seed=<file>` and `inbox_prefix=_INBOX_<host>`; the client needs the 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,6 +118,11 @@ class JetStreamDelivery:
         return True
 
 
+async def _log_error(exc: Exception) -> None:
+    # One line per connection error (nats-py's default prints a traceback for every retry).
+    logging.getLogger(__name__).warning("nats: %s", exc)
+
+
 @dataclass
 class JetStreamBackend:
     """Connect with `await JetStreamBackend.connect(url)`; `manage=True` creates the stream and buckets."""
@@ -130,14 +136,22 @@ class JetStreamBackend:
     async def connect(
         cls, url: str, *, manage: bool = True, connect_timeout_s: float = 5.0, **options: Any
     ) -> JetStreamBackend:
-        nc = await nats.connect(
-            url,
-            connect_timeout=connect_timeout_s,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
-            allow_reconnect=True,
-            **options,
-        )
+        # Reconnects are unlimited once connected; the first connect is bounded, so a wrong URL is an error,
+        # not a hang (nats-py applies max_reconnect_attempts=-1 to the initial connect too).
+        nc = nats.NATS()
+        options.setdefault("error_cb", _log_error)
+        try:
+            await asyncio.wait_for(
+                nc.connect(url, connect_timeout=connect_timeout_s, max_reconnect_attempts=-1,
+                           reconnect_time_wait=0.5, allow_reconnect=True, **options),
+                connect_timeout_s,
+            )
+        except asyncio.TimeoutError:
+            try:
+                await nc.close()
+            except Exception:  # noqa: BLE001 - it never connected; nothing to flush
+                pass
+            raise ConnectionError(f"no NATS server answered at {url} within {connect_timeout_s:.0f}s") from None
         backend = cls(nc)
         await backend._setup(manage)
         return backend

@@ -70,8 +70,10 @@ def generate(name: str, *, alg: str = ED25519, home: Path | None = None, overwri
     else:
         raise KeyFileError(f"unknown key algorithm {alg!r}")
     # Opened with mode 0600 from the start: a key must never exist world-readable.
+    # O_EXCL after an unlink: a leftover .tmp (or a link planted there) is never reused with its old mode.
     tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:
         json.dump(doc, fh)
     os.replace(tmp, path)

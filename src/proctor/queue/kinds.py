@@ -51,6 +51,9 @@ class ProcessAgentRunner:
     store_path: Path
     config_path: Path | None = None
     cancel_poll_s: float = 0.2
+    # After a cancel, how long the child may take to stop the agent (its TERM grace and cleanup) before it is
+    # killed outright: a hung child must not hold a cancelled or lease-lost job.
+    cancel_grace_s: float = 30.0
 
     async def run(self, job: AgentJob | None, payload: dict[str, object], cancel: CancelHook) -> RunAgentResult:
         assert job is not None
@@ -70,11 +73,17 @@ class ProcessAgentRunner:
         proc.stdin.write(json.dumps(start).encode() + b"\n")
         await proc.stdin.drain()
         reader = asyncio.create_task(proc.stdout.read())
-        sent = False
+        sent: float | None = None
+        loop = asyncio.get_running_loop()
         while not reader.done():
             reason = cancel()
-            if reason and not sent:
-                sent = True
+            if sent is not None and loop.time() - sent > self.cancel_grace_s and proc.returncode is None:
+                try:
+                    proc.kill()
+                except ProcessLookupError:
+                    pass
+            if reason and sent is None:
+                sent = loop.time()
                 try:
                     proc.stdin.write(f"cancel {reason}\n".encode())
                     await proc.stdin.drain()

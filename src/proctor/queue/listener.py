@@ -4,7 +4,8 @@ at a time, holds its lease, and answers with a result signed by the host key.
 Owns the order of checks and the lease. Verification, in order: signature over the exact bytes by a key in
 signers.toml; that signer trusted for the kind; target is this host and lane is the lane it came on; not
 expired (nor issued in the future, past the skew); nonce never seen in another message; the payload a valid
-request; `validateCommand` only from a signer allowed it. A refused job is recorded in the audit log and
+request; `validateCommand`, or a `confine` weaker than this listener's configured confinement (off < auto <
+required), only from a signer allowed `may_set_validate_command` (both are RCE-equivalent on this host). A refused job is recorded in the audit log and
 answered with a `failed` result naming why. It never judges an agent's work (run_agent does).
 
 Lease: the broker's `ack_wait` is the lease; a confirmed `in_progress` heartbeat every `ack_wait/4` extends
@@ -24,10 +25,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status, parse_request
@@ -42,6 +45,8 @@ from proctor.queue.store import ClaimOutcome, JobStore
 log = logging.getLogger(__name__)
 # How soon to look again at a job whose dead owner's runner is still killing the agent (a TERM grace, ~2 s).
 DRAIN_RETRY_S = 0.5
+# Confinement strength: a request may tighten the listener's setting freely, weaken it only with privilege.
+CONFINE_ORDER = {"off": 0, "auto": 1, "required": 2}
 
 
 class Refusal(StrEnum):
@@ -80,6 +85,10 @@ class Settings:
 
     def __post_init__(self) -> None:
         check_name("host", self.host)
+        if not (math.isfinite(self.ack_wait_s) and self.ack_wait_s > 0):
+            raise ValueError(f"ack_wait must be a positive number of seconds, got {self.ack_wait_s}")
+        if not (math.isfinite(self.heartbeat_s) and self.heartbeat_s > 0):
+            raise ValueError(f"heartbeat interval must be positive, got {self.heartbeat_s}")
         for lane, slots in self.lanes.items():
             check_name("lane", lane)
             if slots < 1:
@@ -108,10 +117,13 @@ class Accepted:
 
 
 def check_envelope(
-    raw: bytes, *, trust: TrustStore, host: str, lane: str, kinds: frozenset[str], now: float, skew_s: float
+    raw: bytes, *, trust: TrustStore, host: str, lane: str, kinds: frozenset[str], now: float, skew_s: float,
+    confine: str = "auto", admitted: Callable[[str], bool] | None = None,
 ) -> Accepted | Refused:
-    """Every check that needs no state, in the documented order; nothing in the body is used before its
-    signature has been verified."""
+    """Every check in the documented order; nothing in the body is used before its signature has been verified.
+
+    `confine` is this listener's configured confinement; `admitted(job_id)` says whether the store already
+    has a row for the job: a job once admitted is not refused as expired on redelivery (the claim decides)."""
     env = unseal(raw)
     if isinstance(env, EnvelopeError):
         return Refused(Refusal.MALFORMED, env.reason, False, {})
@@ -136,7 +148,7 @@ def check_envelope(
     exp, iat = f.get("expiresAt"), f.get("issuedAt")
     if not isinstance(exp, (int, float)) or not isinstance(iat, (int, float)):
         return Refused(Refusal.MALFORMED, "issuedAt and expiresAt must be numbers", True, f)
-    if now > exp + skew_s:
+    if now > exp + skew_s and not (admitted is not None and admitted(job_id)):
         return Refused(Refusal.EXPIRED, f"job expired at {exp:.0f}, now {now:.0f} (skew {skew_s:.0f}s)", True, f)
     if iat - skew_s > now:
         return Refused(Refusal.NOT_YET_VALID, f"job issued at {iat:.0f}, in the future (now {now:.0f})", True, f)
@@ -150,6 +162,12 @@ def check_envelope(
     if parsed.validate_command is not None and not signer.may_set_validate_command:
         return Refused(
             Refusal.OVER_PRIVILEGED, f"signer {signer.name} may not set validateCommand (shell on this host)", True, f
+        )
+    if (parsed.confine is not None and CONFINE_ORDER[parsed.confine] < CONFINE_ORDER.get(confine, 1)
+            and not signer.may_set_validate_command):
+        return Refused(
+            Refusal.OVER_PRIVILEGED, f"signer {signer.name} may not weaken confinement to {parsed.confine!r} "
+            f"(this host's is {confine!r}): that needs may_set_validate_command (RCE-equivalent)", True, f
         )
     return Accepted(opened, f, parsed)
 
@@ -191,6 +209,7 @@ class Listener:
     runners: dict[str, KindRunner]
     running: dict[str, _Lease] = field(default_factory=dict)
     cancels: dict[str, str] = field(default_factory=dict)  # record key -> reason, pushed by the backend
+    confine: str = "auto"  # this host's configured confinement (proctor.config), the floor for requests
 
     async def serve(self, stop: asyncio.Event) -> None:
         s = self.settings
@@ -229,9 +248,9 @@ class Listener:
 
     async def handle(self, lane: str, d: Delivery) -> None:
         s, now = self.settings, time.time()
-        checked = check_envelope(
-            d.data, trust=self.trust, host=s.host, lane=lane, kinds=frozenset(self.runners), now=now,
-            skew_s=s.clock_skew_s,
+        checked = await asyncio.to_thread(
+            check_envelope, d.data, trust=self.trust, host=s.host, lane=lane, kinds=frozenset(self.runners),
+            now=now, skew_s=s.clock_skew_s, confine=self.confine, admitted=lambda j: self.store.job(j) is not None,
         )
         if isinstance(checked, Refused):
             await self._refuse(d, lane, checked)
@@ -239,8 +258,8 @@ class Listener:
         f = checked.fields
         job_id = f["jobId"]
         key = record_key(s.host, job_id)
-        claim = self.store.admit(
-            job_id, nonce=f["nonce"], seq=d.seq, delivery=d.delivery, lane=lane, kind=f["kind"],
+        claim = await asyncio.to_thread(
+            self.store.admit, job_id, nonce=f["nonce"], seq=d.seq, delivery=d.delivery, lane=lane, kind=f["kind"],
             expires_at=float(f["expiresAt"]), keep_until=float(f["expiresAt"]) + s.clock_skew_s,
         )
         requested = self.cancels.get(key)
@@ -253,26 +272,36 @@ class Listener:
             await d.ack()
         elif claim.outcome is ClaimOutcome.BUSY:
             # The owner is alive (its lease lapsed under load, or a second listener here): wait it out.
-            self.audit.append("queue.busy", {"delivery": d.delivery, "lane": lane}, job_id=job_id)
+            await self._audit("queue.busy", {"delivery": d.delivery, "lane": lane}, job_id=job_id)
             await d.nak(s.ack_wait_s)
         elif claim.outcome is ClaimOutcome.DRAINING:
-            self.audit.append("queue.draining", {"delivery": d.delivery}, job_id=job_id)
+            await self._audit("queue.draining", {"delivery": d.delivery}, job_id=job_id)
             await d.nak(DRAIN_RETRY_S)
         elif claim.outcome is ClaimOutcome.STALE:
-            self.audit.append("queue.stale", {"delivery": d.delivery}, job_id=job_id)
+            await self._audit("queue.stale", {"delivery": d.delivery}, job_id=job_id)
         elif requested:
             self.cancels.pop(key, None)
             await self._refuse(d, lane, Refused(Refusal.CANCELLED, f"cancelled before it started: {requested}",
                                                 True, f), claimed=True)
         else:
-            await self._run(d, lane, checked, list(claim.abandoned))
+            try:
+                await self._run(d, lane, checked, list(claim.abandoned))
+            except Exception as exc:  # noqa: BLE001 - never strand a claimed job as running with a live owner
+                log.exception("job %s delivery %s failed in the listener; released for redelivery", job_id, d.delivery)
+                await asyncio.to_thread(self.store.release, job_id, d.delivery, f"listener error: {exc!r}")
+                await self._audit("queue.released", {"delivery": d.delivery, "reason": f"listener error: {exc!r}"},
+                                  job_id=job_id)
+                await d.nak(0)
+
+    async def _audit(self, kind: str, payload: dict[str, Any], *, job_id: str | None = None) -> None:
+        await asyncio.to_thread(self.audit.append, kind, payload, job_id=job_id)
 
     async def _refuse(
         self, d: Delivery, lane: str, refused: Refused, *, replay: bool = False, claimed: bool = False
     ) -> None:
         s, f = self.settings, refused.claimed
         job_id = f["jobId"] if valid_job_id(f.get("jobId")) else f"seq-{d.seq}"
-        self.audit.append(
+        await self._audit(
             "queue.refused",
             {"code": refused.code.value, "reason": refused.reason, "seq": d.seq, "delivery": d.delivery,
              "lane": lane, "signer": f.get("signer"), "nonce": f.get("nonce"), "authentic": refused.authentic},
@@ -292,12 +321,16 @@ class Listener:
         if replay:
             await self.backend.put_result(f"{key}.replay-{d.seq}", sealed)
         elif claimed:
-            if self.store.finish(job_id, d.delivery, sealed):
+            if await asyncio.to_thread(self.store.finish, job_id, d.delivery, sealed):
                 await self.backend.put_result(key, sealed)
         elif refused.authentic:
-            self.store.finish_refused(job_id, seq=d.seq, lane=lane, kind=str(f.get("kind")),
-                                      expires_at=float(f.get("expiresAt") or time.time()), result=sealed)
-            await self.backend.put_result(key, sealed)
+            # Never overwrite a real result: a replay on another lane, a reused job id of another kind or an
+            # expired redelivery of a finished job is answered from the store, and written only if absent.
+            answer = await asyncio.to_thread(
+                self.store.finish_refused, job_id, seq=d.seq, lane=lane, kind=str(f.get("kind")),
+                expires_at=float(f.get("expiresAt") or time.time()), result=sealed)
+            if answer is not None:
+                await self.backend.put_result(key, answer, only_if_absent=True)
         else:
             await self.backend.put_result(key, sealed, only_if_absent=True)
         await d.term()
@@ -309,7 +342,7 @@ class Listener:
         lease = _Lease()
         started = time.time()
         self.running[job_id] = lease
-        self.audit.append("queue.start", {"kind": kind, "lane": lane, "delivery": d.delivery, "seq": d.seq,
+        await self._audit("queue.start", {"kind": kind, "lane": lane, "delivery": d.delivery, "seq": d.seq,
                                           "nonce": f["nonce"], "signer": accepted.opened.kid,
                                           "digest": accepted.opened.digest}, job_id=job_id)
         # Not awaited before the run: the record is for lookups, and a noop job should not wait on it.
@@ -324,10 +357,13 @@ class Listener:
             keeper.cancel()
             self.running.pop(job_id, None)
             self.cancels.pop(key, None)
-            await marked
+            try:
+                await marked
+            except Exception:  # noqa: BLE001 - the running record is for lookups only; the run's result stands
+                log.warning("job %s: could not write its running record", job_id, exc_info=True)
         if lease.why in (Stop.LEASE_LOST, Stop.STOPPING):
-            self.store.release(job_id, d.delivery, lease.reason or "released")
-            self.audit.append("queue.released", {"delivery": d.delivery, "reason": lease.reason}, job_id=job_id)
+            await asyncio.to_thread(self.store.release, job_id, d.delivery, lease.reason or "released")
+            await self._audit("queue.released", {"delivery": d.delivery, "reason": lease.reason}, job_id=job_id)
             if lease.why is Stop.STOPPING:
                 await d.nak(0)  # not partitioned: let the next listener start at once
             return
@@ -337,12 +373,12 @@ class Listener:
             result.needs_human_review = True
         sealed = seal_result(job_id=job_id, host=s.host, result=result, signer=self.host_key,
                              started_at=started, delivery=d.delivery).to_wire()
-        if not self.store.finish(job_id, d.delivery, sealed):
-            self.audit.append("queue.fenced", {"delivery": d.delivery}, job_id=job_id)
+        if not await asyncio.to_thread(self.store.finish, job_id, d.delivery, sealed):
+            await self._audit("queue.fenced", {"delivery": d.delivery}, job_id=job_id)
             return
         await self.backend.put_result(key, sealed)
         await d.ack()
-        self.audit.append("queue.end", {"delivery": d.delivery, "status": result.status.value,
+        await self._audit("queue.end", {"delivery": d.delivery, "status": result.status.value,
                                         "code": result.code.value}, job_id=job_id)
 
     async def _keep(self, d: Delivery, key: str, job_id: str, lease: _Lease, work: asyncio.Task[Any]) -> None:
@@ -354,13 +390,15 @@ class Listener:
             now = loop.time()
             if now >= next_beat:
                 next_beat = now + s.heartbeat_s
+                # Bounded by what is left of the lease margin, so a hung heartbeat cannot delay the self-kill.
+                left = s.lease_margin * s.ack_wait_s - (now - confirmed)
                 try:
-                    ok = await asyncio.wait_for(d.heartbeat(s.heartbeat_s / 2), s.heartbeat_s)
+                    ok = await asyncio.wait_for(d.heartbeat(s.heartbeat_s / 2), max(0.01, min(s.heartbeat_s, left)))
                 except asyncio.TimeoutError:
                     ok = False
                 if ok:
                     confirmed = now  # the time it was sent: the server reset its timer no earlier than this
-                if not self.store.still_owner(job_id, d.delivery):
+                if not await asyncio.to_thread(self.store.still_owner, job_id, d.delivery):
                     lease.cancel("fenced: the store shows another delivery owns this job", Stop.LEASE_LOST)
             if loop.time() - confirmed > s.lease_margin * s.ack_wait_s:
                 lease.cancel(f"lease lost: no confirmed heartbeat for {loop.time() - confirmed:.1f}s "

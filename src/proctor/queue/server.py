@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from proctor.home import ensure_home
 
 try:
@@ -151,12 +153,24 @@ def ensure_local(home: Path | None = None) -> str:
         return handle.url
 
 
+def _is_nats_server(pid: int) -> bool:
+    try:
+        cmd = psutil.Process(pid).cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+    return bool(cmd) and Path(cmd[0]).name.startswith("nats-server")
+
+
 def stop_local(home: Path | None = None) -> bool:
     home = home or ensure_home()
     state = home / "nats" / "server.json"
     try:
         doc = json.loads(state.read_text())
     except (OSError, ValueError):
+        return False
+    if not _is_nats_server(int(doc["pid"])):
+        # The pid was reused by something else (or the server is gone): never signal a stranger.
+        state.unlink(missing_ok=True)
         return False
     ServerHandle(doc["url"], int(doc["pid"]), int(doc["port"]), home / "nats" / "store", home / "nats" / "server.log").stop()
     state.unlink(missing_ok=True)

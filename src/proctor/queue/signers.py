@@ -6,7 +6,9 @@ does) and never writes the file: trust is granted by a person editing it.
     [signers.lead-laptop]              # a job signer, looked up by the key id its envelopes carry
     public_key = "ed25519:<b64>"       # or: hmac_key = "fleet" (a shared secret in keys/fleet.key)
     kinds = ["run_agent", "noop"]
-    may_set_validate_command = false   # validateCommand is shell on the listener: RCE-equivalent
+    may_set_validate_command = false   # validateCommand is shell on the listener: RCE-equivalent; the same
+                                       # privilege lets a request weaken `confine` below the listener's own
+                                       # configured confinement (off < auto < required). A real bool only.
 
     [hosts.GAMINGPC]                   # a listener whose signed results a sender accepts
     public_key = "ed25519:<b64>"
@@ -78,17 +80,26 @@ def load_trust(home: Path | None = None) -> TrustStore:
     except (tomllib.TOMLDecodeError, OSError) as exc:
         raise TrustFileError(f"{path}: {exc}") from None
     signers: dict[str, TrustedSigner] = {}
+    for table in ("signers", "hosts"):
+        if not isinstance(doc.get(table) or {}, dict) or not all(
+            isinstance(e, dict) for e in (doc.get(table) or {}).values()
+        ):
+            raise TrustFileError(f"{path}: [{table}] must be tables, one per name ([{table}.NAME])")
     for name, entry in (doc.get("signers") or {}).items():
         kinds = entry.get("kinds", [])
         if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
             raise TrustFileError(f"signers.{name}: kinds must be a list of strings")
+        may = entry.get("may_set_validate_command", False)
+        if not isinstance(may, bool):
+            raise TrustFileError(f"signers.{name}: may_set_validate_command must be true or false, not {may!r}")
         ver = _verifier(f"signers.{name}", entry, home)
-        signers[ver.kid] = TrustedSigner(
-            name, ver, frozenset(kinds), bool(entry.get("may_set_validate_command", False))
-        )
+        signers[ver.kid] = TrustedSigner(name, ver, frozenset(kinds), may)
     hosts = {name: _verifier(f"hosts.{name}", entry, home) for name, entry in (doc.get("hosts") or {}).items()}
     local = None
     if keys.key_path(keys.HOST_KEY, home).exists():
-        host_key = keys.load(keys.HOST_KEY, home)
+        try:
+            host_key = keys.load(keys.HOST_KEY, home)
+        except keys.KeyFileError as exc:
+            raise TrustFileError(str(exc)) from None
         local = host_key.verifier() if isinstance(host_key, keys.Ed25519Signer) else host_key
     return TrustStore(signers, hosts, local)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -121,7 +122,9 @@ class JobStore:
         self.path = path or proctor_home() / "queue.sqlite3"
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.owner = owner or Owner.me()
-        self.db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+        # Used from worker threads (the listener keeps sqlite off its event loop), one at a time: the lock.
+        self.lock = threading.RLock()
+        self.db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         # NORMAL in WAL mode loses at most the last transactions on power loss, never consistency; the
         # broker redelivers an unacked job, so a lost "running" row is re-claimed, not double-run.
@@ -138,7 +141,7 @@ class JobStore:
                     self.db.execute("INSERT INTO migrations VALUES (?, ?, ?)", (i, step.__name__, time.time()))
 
     def _tx(self) -> _Tx:
-        return _Tx(self.db)
+        return _Tx(self.db, self.lock)
 
     def admit(
         self, job_id: str, *, nonce: str, seq: int, delivery: int, lane: str, kind: str, expires_at: float,
@@ -229,9 +232,10 @@ class JobStore:
             )
 
     def still_owner(self, job_id: str, delivery: int) -> bool:
-        row = self.db.execute(
-            "SELECT state, delivery, owner_pid, owner_start FROM jobs WHERE job_id = ?", (job_id,)
-        ).fetchone()
+        with self.lock:
+            row = self.db.execute(
+                "SELECT state, delivery, owner_pid, owner_start FROM jobs WHERE job_id = ?", (job_id,)
+            ).fetchone()
         return row is not None and row[0] == "running" and row[1] == delivery and row[2] == self.owner.pid \
             and row[3] == self.owner.start
 
@@ -252,7 +256,7 @@ class JobStore:
         with self._tx():
             self.db.execute(
                 "UPDATE jobs SET state = 'released', updated_at = ? WHERE job_id = ? AND delivery = ?"
-                " AND owner_pid = ?",
+                " AND owner_pid = ? AND state = 'running'",
                 (time.time(), job_id, delivery, self.owner.pid),
             )
             self.db.execute(
@@ -260,18 +264,28 @@ class JobStore:
                 (reason, job_id, delivery),
             )
 
-    def finish_refused(self, job_id: str, *, seq: int, lane: str, kind: str, expires_at: float, result: bytes) -> None:
-        """A refused job is done: its redelivery is answered from here, not verified and refused again."""
+    def finish_refused(
+        self, job_id: str, *, seq: int, lane: str, kind: str, expires_at: float, result: bytes
+    ) -> bytes | None:
+        """A refused job is done: its redelivery is answered from here, not verified and refused again.
+
+        Returns the answer to publish: `result` if the job was unknown, else the stored result of a job that
+        already has one (never the refusal over it), else None (it is running: its own run answers)."""
         now = time.time()
         with self._tx():
-            self.db.execute(
+            cur = self.db.execute(
                 "INSERT OR IGNORE INTO jobs VALUES (?, ?, ?, ?, 'done', 0, NULL, NULL, NULL, ?, ?, ?, ?)",
                 (job_id, seq, lane, kind, expires_at, now, now, result),
             )
+            if cur.rowcount == 1:
+                return result
+            row = self.db.execute("SELECT state, result FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+            return row[1] if row is not None and row[0] == "done" and row[1] is not None else None
 
     def job(self, job_id: str) -> dict[str, object] | None:
-        cur = self.db.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,))
-        row = cur.fetchone()
+        with self.lock:
+            cur = self.db.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,))
+            row = cur.fetchone()
         if row is None:
             return None
         out = dict(zip([d[0] for d in cur.description], row, strict=True))
@@ -295,11 +309,19 @@ class JobStore:
 class _Tx:
     """BEGIN IMMEDIATE ... COMMIT: takes the write lock up front so two listeners' decisions serialize."""
 
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self.db = db
+    def __init__(self, db: sqlite3.Connection, lock: threading.RLock) -> None:
+        self.db, self.lock = db, lock
 
     def __enter__(self) -> None:
-        self.db.execute("BEGIN IMMEDIATE")
+        self.lock.acquire()
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self.lock.release()
+            raise
 
     def __exit__(self, exc_type: object, *_: object) -> None:
-        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        try:
+            self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        finally:
+            self.lock.release()
