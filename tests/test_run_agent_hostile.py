@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from conftest import sh
 from proctor import RunAgentRequest, Status, run_agent

@@ -235,7 +235,7 @@ def _code(done: Exit, *, pidns: bool) -> RequestCode:
 
 
 def _execute(plan: _Plan, journal: _Journal, runner: ProcessRunner) -> CommandResult:
-    req, entry = plan.request, plan.entry
+    req = plan.request
     request_id = f"rr-{uuid.uuid4().hex[:16]}"
     stdin_bytes = plan.stdin.content.encode("utf-8") if plan.stdin is not None else None
     try:
