@@ -91,25 +91,29 @@ def git(
     return GitResult(p.returncode, p.stdout, p.stderr.decode("utf-8", "replace").strip())
 
 
-def _path(raw: bytes) -> str:
-    return raw.decode("utf-8", "surrogateescape")
-
-
-def parse_name_status_z(raw: bytes) -> list[str]:
-    """Paths from `git diff --name-status -z`: status field, then one path (two for R/C)."""
+def parse_status_v2_z(raw: bytes) -> list[str]:
+    """Changed paths from `git status --porcelain=v2 -z`: both index sides, untracked, both sides of a
+    rename, any bytes in a name (NUL-separated). A nested repo's trailing `/` is dropped."""
     fields = raw.split(b"\0")
     out: list[str] = []
     i = 0
     while i < len(fields):
-        status = fields[i]
+        entry = fields[i]
         i += 1
-        if not status:
-            continue
-        n = 2 if status[:1] in (b"R", b"C") else 1
-        for _ in range(n):
+        kind = entry[:1]
+        if kind in (b"?", b"!"):
+            out.append(_path(entry[2:]).rstrip("/"))
+        elif kind == b"1":  # 1 XY sub mH mI mW hH hI path
+            out.append(_path(entry.split(b" ", 8)[8]))
+        elif kind == b"2":  # 2 XY sub mH mI mW hH hI Xscore path NUL origPath
+            out.append(_path(entry.split(b" ", 9)[9]))
             if i < len(fields):
-                # A copy's source is unchanged; a rename's source is gone, so both count.
-                if status[:1] != b"C" or _ == 1:
-                    out.append(_path(fields[i]))
+                out.append(_path(fields[i]))
                 i += 1
+        elif kind == b"u":  # u XY sub m1 m2 m3 mW h1 h2 h3 path
+            out.append(_path(entry.split(b" ", 10)[10]))
     return out
+
+
+def _path(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")

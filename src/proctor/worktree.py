@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from proctor.git import git, parse_name_status_z
+from proctor.git import git, parse_status_v2_z
 
 
 @dataclass(frozen=True)
@@ -136,11 +136,12 @@ def tampered_pointers(wt: Worktree) -> list[str]:
 
 
 def changed_files(wt: Worktree) -> list[str] | Failure:
-    """Every path whose content differs from the base: the net of the agent's commits and working tree.
+    """Every path that differs from the base: the agent's commits and its working tree, untracked included.
 
-    Listed with a private index seeded from the pristine copy (so `git add -A` re-hashes only files whose
-    stat changed): the agent's own index, where `--skip-worktree` hides an edit, is never consulted, and an
-    agent that commits cannot look idle. Untracked files count; ignored ones do not.
+    One `git status` against a private copy of the index as checkout wrote it (the base's tree, with
+    stat data, so only changed files are re-hashed): the agent's own index, where `--skip-worktree` hides
+    an edit, is never consulted. HEAD against that index gives what the agent committed, the index
+    against the tree what it left uncommitted. Ignored files do not count.
     """
     if wt.pristine_index is None:
         return Failure("the worktree has no pristine index to compare against")
@@ -149,16 +150,12 @@ def changed_files(wt: Worktree) -> list[str] | Failure:
         shutil.copyfile(wt.pristine_index, index)
     except OSError as exc:
         return Failure(f"cannot copy the private index: {exc}")
-    kw = {"cwd": wt.path, "git_dir": wt.git_dir, "work_tree": wt.path, "common_dir": wt.common_dir,
-          "index_file": index}
     try:
-        add = git(["add", "-A", "--", "."], **kw)
-        if not add.ok:
-            return Failure(f"git add (private index) failed: {add.err or 'exit ' + str(add.code)}")
-        diff = git(["diff", "--cached", "--name-status", "-z", "-M", "--no-ext-diff", wt.base_sha, "--"], **kw)
-        if not diff.ok:
-            return Failure(f"git diff against the base failed: {diff.err or 'exit ' + str(diff.code)}")
-        return list(dict.fromkeys(parse_name_status_z(diff.out)))
+        status = git(["status", "--porcelain=v2", "-z", "--untracked-files=all"], cwd=wt.path,
+                     git_dir=wt.git_dir, work_tree=wt.path, common_dir=wt.common_dir, index_file=index)
+        if not status.ok:
+            return Failure(f"git status failed: {status.err or 'exit ' + str(status.code)}")
+        return list(dict.fromkeys(parse_status_v2_z(status.out)))
     finally:
         index.unlink(missing_ok=True)
         index.with_name(index.name + ".lock").unlink(missing_ok=True)
