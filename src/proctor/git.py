@@ -37,6 +37,12 @@ SAFE_CONFIG = (
 GIT_TIMEOUT_S = 120
 
 
+def unredirected_env() -> dict[str, str]:
+    """This process's environment without the GIT_* variables that would point git somewhere else:
+    the base for host-side git and for every agent (a CI's exported GIT_DIR would aim it at the main repo)."""
+    return {k: v for k, v in os.environ.items() if k not in REDIRECTING_ENV and not k.startswith("GIT_CONFIG_")}
+
+
 @dataclass(frozen=True)
 class GitResult:
     code: int
@@ -72,7 +78,7 @@ def git(
         cmd += ["--work-tree", str(work_tree)]
     cmd += list(args)
     env = {"GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"}
-    full_env = {k: v for k, v in os.environ.items() if k not in REDIRECTING_ENV and not k.startswith("GIT_CONFIG_")}
+    full_env = unredirected_env()
     full_env.update(env)
     if common_dir is not None:
         full_env["GIT_COMMON_DIR"] = str(common_dir)

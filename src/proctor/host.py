@@ -10,7 +10,6 @@ trusts the agent's word: `claimed_status` is recorded and decides nothing; `chan
 from __future__ import annotations
 
 import dataclasses
-import os
 import secrets
 import shutil
 import tempfile
@@ -27,7 +26,7 @@ from proctor.attempts import run_attempts
 from proctor.breaker import Breaker, signal_for
 from proctor.config import Config, ConfigError, load_config
 from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status
-from proctor.git import REDIRECTING_ENV
+from proctor.git import unredirected_env
 from proctor.ledger import Ledger
 from proctor.process import LocalRunner, ProcessRunner
 from proctor.progress import NullProgress, Progress
@@ -150,9 +149,7 @@ def _admit_and_run(request, config, runner, progress, cancel, job_id, ledger, st
 
 
 def _agent_env(job: _Job, spec: AdapterSpec, wt_path: Path, agent_tmp: Path) -> dict[str, str]:
-    # GIT_DIR and friends exported by a CI or a hook would point the agent's git at the main repo.
-    base = {k: v for k, v in os.environ.items() if k not in REDIRECTING_ENV and not k.startswith("GIT_CONFIG_")}
-    return {**base, **spec.env, "PROCTOR_JOB_ID": job.job_id, "PROCTOR_WORKTREE": str(wt_path),
+    return {**unredirected_env(), **spec.env, "PROCTOR_JOB_ID": job.job_id, "PROCTOR_WORKTREE": str(wt_path),
             "TMPDIR": str(agent_tmp)}
 
 
