@@ -75,6 +75,9 @@ def run_attempts(
         out.attempts = attempt
         out.exit_codes.append(last.exit_code)
         out.cleanup = last.cleanup
+        # Read once per attempt: the summary and claim come from the last one, classification from each.
+        out.reading = READERS[spec.output](last.stdout.decode("utf-8", "replace"),
+                                           last.stderr.decode("utf-8", "replace"))
         _note_side_effects(out, last, confined)
         if _decided(out, last, patterns, spec, timeout_s):
             break
@@ -85,8 +88,6 @@ def run_attempts(
         out.risks.append(f"agent exited {last.exit_code} on attempt {attempt} of {MAX_ATTEMPTS}"
                          + ("" if attempt == MAX_ATTEMPTS else "; no time left for a retry"))
         break
-    assert last is not None
-    out.reading = READERS[spec.output](last.stdout.decode("utf-8", "replace"), last.stderr.decode("utf-8", "replace"))
     if out.status is Status.rate_limited:
         out.retry_after = out.retry_after or out.reading.retry_after
     return out
@@ -136,7 +137,9 @@ def _decided(out: Outcome, ex: Exit, patterns: Patterns, spec: AdapterSpec, time
     if ex.exit_code == 0:
         out.status, out.code = Status.completed, Code.OK
         return True
-    verdict = classify(ex.exit_code, _error_text(ex, spec), patterns)
+    # stderr and the CLI's own error events only, never the model's prose: a failed run on "implement the
+    # rate limiter" must not read as rate limited (found in review). Text CLIs report all of stdout.
+    verdict = classify(ex.exit_code, ex.stderr.decode("utf-8", "replace") + "\n" + out.reading.error_text, patterns)
     if verdict.status is not None:
         out.status = verdict.status
         out.code = Code.RATE_LIMITED if verdict.status is Status.rate_limited else Code.APPROVAL_REQUIRED
@@ -145,14 +148,3 @@ def _decided(out: Outcome, ex: Exit, patterns: Patterns, spec: AdapterSpec, time
                          f"{verdict.status.value}; not retried")
         return True
     return False
-
-
-def _error_text(ex: Exit, spec: AdapterSpec) -> str:
-    """What classification may read: stderr and the CLI's own error events, not the model's prose.
-
-    A failed run on "implement the rate limiter" must not read as rate limited (found in review). For a
-    plain-text CLI there is no telling them apart, so its whole output counts.
-    """
-    stdout, stderr = ex.stdout.decode("utf-8", "replace"), ex.stderr.decode("utf-8", "replace")
-    reading = READERS[spec.output](stdout, stderr)
-    return stderr + "\n" + reading.error_text
