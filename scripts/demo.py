@@ -7,6 +7,7 @@ Builds a throw-away repo whose test fails, then runs two real jobs through the s
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -48,7 +49,7 @@ def main() -> int:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "PROCTOR_HOME": str(root / "proctor-home")}
     proctor = str(Path(sys.executable).with_name("proctor"))
-    codes = []
+    codes, changed = [], []
     for ticket, diff in (("DEMO-fix", FIX), ("DEMO-break", BREAK)):
         task = root / f"{ticket}.diff"
         task.write_text(diff)
@@ -59,9 +60,14 @@ def main() -> int:
         sys.stdout.write(p.stdout)
         print(f"=== exit code {p.returncode}", file=sys.stderr, flush=True)
         codes.append(p.returncode)
-    ok = codes == [0, 1]
+        try:
+            changed.append(json.loads(p.stdout).get("changed_files"))
+        except ValueError:
+            changed.append(None)
+    # Both patches edit calc.py in place, same size, within the checkout's second: the host must list it.
+    ok = codes == [0, 1] and changed == [["calc.py"], ["calc.py"]]
     print(f"\ndemo {'OK' if ok else 'UNEXPECTED'}: the fix completed (exit {codes[0]}), the break failed "
-          f"validation (exit {codes[1]}). Throw-away files are in {root}", file=sys.stderr)
+          f"validation (exit {codes[1]}); changed_files {changed}. Throw-away files are in {root}", file=sys.stderr)
     return 0 if ok else 1
 
 

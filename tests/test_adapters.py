@@ -100,6 +100,10 @@ def test_user_adapter_overrides_and_patterns(tmp_path, repo, fake):
     ('agents = 3\n', "must be a table"),
     ('this is not toml = = =\n', "not valid TOML"),
     ('confine = "maybe"\n', "confine"),
+    ('[agents.a]\ncommand = ["x", "{prompt}"]\negress = ["https://api.example.com"]\n', "no scheme"),
+    ('[agents.a]\ncommand = ["x", "{prompt}"]\negress = ["*.example.com"]\n', "wildcard"),
+    ('[agents.a]\ncommand = ["x", "{prompt}"]\negress = ["api.example.com:99999"]\n', "port must be"),
+    ('[agents.a]\ncommand = ["x", "{prompt}"]\nnetwork = false\negress = ["api.example.com"]\n', "network = true"),
 ])
 def test_bad_config_is_one_clear_error(tmp_path, text, needle):
     p = tmp_path / "c.toml"
@@ -131,3 +135,24 @@ def test_gemini_pretty_printed_error_after_a_banner():
           '    "message": "Please set an Auth method",\n    "code": 41,\n    "details": [\n      {\n        "x": 1\n      }\n    ]\n  }\n}\n'
     reading = read_gemini("", err)
     assert reading.claimed_status == "failed" and reading.summary == "Please set an Auth method"
+
+
+# Each CLI's model API (and the auth hosts its login refreshes against): its whole network under confinement.
+MODEL_HOSTS = {"codex": "api.openai.com:443", "claude": "api.anthropic.com:443",
+               "gemini": "generativelanguage.googleapis.com:443", "grok": "api.x.ai:443",
+               "opencode": "api.anthropic.com:443"}
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_HOSTS))
+def test_builtin_network_adapters_declare_their_model_hosts(name):
+    spec = builtin_agents()[name]
+    assert spec.network and MODEL_HOSTS[name] in spec.egress
+    assert all(e.rsplit(":", 1)[1].isdigit() for e in spec.egress)  # normalised: port always spelled out
+    assert not builtin_agents()["patch"].network and builtin_agents()["patch"].egress == ()
+
+
+def test_user_adapter_egress_is_normalised(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[agents.mine]\ncommand = ["x", "{prompt}"]\negress = ["API.Example.com", "127.0.0.1:11434", '
+                   '"[::1]:8080"]\n')
+    assert load_config(cfg).agents["mine"].egress == ("api.example.com:443", "127.0.0.1:11434", "[::1]:8080")

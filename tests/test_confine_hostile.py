@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from proctor import worktree
 from proctor.confine import ConfineRequest, LayeredConfiner, Unavailable, detect, job_roots, refuse_hard_links
 
 CAPS = detect()
@@ -55,21 +56,19 @@ class Job:
     req: ConfineRequest
 
     def fingerprint(self) -> dict[str, str]:
-        """Everything an agent must not change: the main checkout and its .git control files, the outside
-        dir and the ledger. The job's own metadata (objects, worktrees/<id>, its ref dir, logs) is left out."""
-        skip = ("objects", "worktrees", "logs", "refs/heads/wt")
+        """Everything an agent must not change: the main checkout and its whole .git (objects and refs
+        included: the job has a repository of its own), the outside dir and the ledger."""
         out = {}
         for root in (self.main, self.outside, self.home):
             for p in sorted(root.rglob("*")):
-                rel = p.relative_to(self.main / ".git").as_posix() if p.is_relative_to(self.main / ".git") else ""
-                if p.is_file() and not p.is_socket() and not rel.startswith(skip):
+                if p.is_file() and not p.is_socket():
                     out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest()
         return out
 
 
 @pytest.fixture
 def job(tmp_path: Path) -> Job:
-    main, wt, outside, home = (tmp_path / n for n in ("main", "wt", "outside", "home"))
+    main, outside, home = (tmp_path / n for n in ("main", "outside", "home"))
     subprocess.run(["git", "init", "-q", "-b", "master", str(main)], check=True)
     (main / "README").write_text("main checkout\n")
     _git("add", "README", cwd=main)
@@ -77,13 +76,15 @@ def job(tmp_path: Path) -> Job:
     c1 = _git("rev-parse", "HEAD", cwd=main)
     _git("commit", "-q", "--allow-empty", "-m", "c2", cwd=main)
     (main / ".git" / "hooks" / "pre-commit").write_text("#!/bin/sh\nexit 0\n")
-    _git("worktree", "add", "-q", "-b", BRANCH, str(wt), cwd=main)
+    repo = worktree.open_repo(main)
+    made = worktree.create(repo, "job1", "T-1", worktree.Base("master", _git("rev-parse", "HEAD", cwd=main)))
+    assert not isinstance(made, worktree.Failure), made
+    wt = made.path
     outside.mkdir()
     (outside / "f.txt").write_text("orig\n")
     home.mkdir()
     (home / "ledger.sqlite3").write_text("ledger rows\n")
-    git_dir = Path(_git("rev-parse", "--absolute-git-dir", cwd=wt))
-    req = job_roots(main / ".git", git_dir, BRANCH, wt, tmp_path / "jobtmp", home=home)
+    req = job_roots(wt, tmp_path / "jobtmp", readonly=(main, main / ".git"), home=home)
     assert not isinstance(req, Unavailable), req
     # The outside dir is re-exposed read-only (it would be hidden under bwrap's private /tmp otherwise), so
     # a blocked write is EROFS/EACCES on a visible file, not a missing path.
@@ -105,14 +106,16 @@ def run(job: Job, mode: str, script: str, req: ConfineRequest | None = None) -> 
 
 PROBES = {
     "absolute_path": "echo pwned > {outside}/f.txt",
-    "dotdot": "echo pwned > ../outside/f.txt",
+    "dotdot": "echo pwned > ../../outside/f.txt",
     "symlink_out": "ln -s {outside}/f.txt link && echo pwned > link",
     "hard_link_out": "ln {outside}/f.txt hl && echo pwned > hl",
     "proc_self_root": "echo pwned > /proc/self/root{outside}/f.txt",
     "git_commit_main": "git -C {main} " + " ".join(GIT_ID) + " commit -q --allow-empty -m pwned",
     "main_hook": "printf '#!/bin/sh\\necho pwned\\n' > {main}/.git/hooks/pre-commit",
     "main_config": "git config -f {main}/.git/config core.hooksPath /tmp/evil",
-    "update_ref_master": "git update-ref refs/heads/master {c1}",
+    "update_ref_master": "git -C {main} update-ref refs/heads/master {c1}",
+    "main_object": "for f in {main}/.git/objects/??/*; do chmod u+w $f; echo pwned > $f; done",
+    "delete_main_objects": "rm -rf {main}/.git/objects/??",
     "ledger": "echo pwned > {home}/ledger.sqlite3",
 }
 
@@ -145,8 +148,8 @@ def test_agent_commits_on_its_branch(job: Job, mode: str) -> None:
     script = "echo work > new.txt && git add new.txt && git " + " ".join(GIT_ID) + " commit -qm agent-work"
     proc = run(job, mode, script)
     assert proc.returncode == 0, proc.stderr
-    assert _git("log", "-1", "--format=%s", BRANCH, cwd=job.main) == "agent-work"
-    assert job.fingerprint() == before  # master, HEAD, config, hooks, ledger untouched
+    assert _git("log", "-1", "--format=%s", BRANCH, cwd=job.wt) == "agent-work"
+    assert job.fingerprint() == before  # master, HEAD, config, hooks, objects, ledger untouched
 
 
 @pytest.mark.parametrize("mode", ["control", *MODES])
@@ -286,25 +289,9 @@ def test_refuse_hard_links_finds_planted_link(job: Job) -> None:
     assert refuse_hard_links(job.wt) == ["planted"]
 
 
-def test_job_roots_refuses_shared_ref_dirs(job: Job) -> None:
-    gd = job.main / ".git" / "worktrees" / "wt"
-    flat = job_roots(job.main / ".git", gd, "T-1", job.wt, job.base / "t")
-    assert isinstance(flat, Unavailable) and "refs/heads/" in flat.reason
-    _git("branch", "wt/job1/other", cwd=job.main)
-    loose = job_roots(job.main / ".git", gd, BRANCH, job.wt, job.base / "t")
-    assert isinstance(loose, Unavailable) and "other" in loose.reason
-    _git("pack-refs", "--all", cwd=job.main)
-    (job.main / ".git" / "refs" / "heads" / "wt" / "job1" / "T-1").unlink(missing_ok=True)
-    packed = job_roots(job.main / ".git", gd, BRANCH, job.wt, job.base / "t")
-    assert isinstance(packed, Unavailable) and "other" in packed.reason
-
-
-def test_job_roots_grants_only_the_jobs_git_paths(job: Job) -> None:
-    common = job.main / ".git"
-    assert set(job.req.git_paths) == {common / "worktrees" / "wt", common / "objects",
-                                      common / "refs" / "heads" / "wt" / "job1",
-                                      common / "logs" / "refs" / "heads" / "wt" / "job1"}
-    assert {job.main, common, job.wt / ".git"} <= set(job.req.readonly)
+def test_job_roots_grant_only_the_jobs_own_dirs(job: Job) -> None:
+    assert job.req.git_paths == () and set(job.req.writable) == {job.wt, (job.base / "jobtmp").resolve()}
+    assert {job.main, job.main / ".git"} <= set(job.req.readonly)
     assert job.req.hidden == (job.home,)
 
 

@@ -174,3 +174,65 @@ def test_exec_roots_expose_a_venv_under_the_private_tmp_and_never_tmp_itself(tmp
         assert exec_roots([str(loose)]) == ()  # its folder would be /tmp itself: never granted
     finally:
         loose.unlink()
+
+
+# --- network = the host's egress proxy ---------------------------------------------------------------------
+
+def _proxied(req: ConfineRequest, *egress: str) -> ConfineRequest:
+    return replace(req, network=True, egress_socket=req.tmpdir.parent / "egress.sock",
+                   egress=egress or ("api.openai.com:443",))
+
+
+def test_proxy_under_bwrap_binds_the_socket_and_shares_no_network(req: ConfineRequest) -> None:
+    plan = choose("auto", BOTH).wrap(["agent"], _proxied(req))
+    argv = plan.argv
+    assert "--share-net" not in argv and "--unshare-all" in argv
+    i = argv.index(str(req.tmpdir.parent / "egress.sock"))
+    assert argv[i - 1] == "--bind" and argv[i + 1] == "/run/proctor-egress.sock"
+    helper = argv.index("--") + 1  # bwrap's own argv ends at its "--"; the helper's starts there
+    # TCP bind and connect stay handled: only the relay's port is granted (by the helper, once bound)
+    assert argv[helper] == "/h/landlock-exec" and argv[helper + 2] == "3"
+    assert argv[helper + 5] == "relay=3128:/run/proctor-egress.sock"
+    assert plan.env["HTTPS_PROXY"] == plan.env["all_proxy"] == "http://127.0.0.1:3128"
+    assert plan.env["NO_PROXY"] == ""
+    assert plan.details["network"] == "proxy" and plan.details["egress"] == ["api.openai.com:443"]
+    assert any(g.startswith("the declared egress hosts (api.openai.com:443)") for g in plan.gaps)
+    assert not any("whole network" in g or "network is open" in g for g in plan.gaps)
+
+
+def test_proxy_landlock_alone_uses_a_netns_as_root_else_says_the_network_is_open(req: ConfineRequest) -> None:
+    root = choose("auto", replace(BOTH, bwrap=None, helper_netns=True)).wrap(["agent"], _proxied(req))
+    assert root.argv[4] == "1" and root.argv[5] == f"relay=3128:{req.tmpdir.parent / 'egress.sock'}"
+    assert root.details["network"] == "proxy" and root.details["network_layers"] == "netns+landlock-tcp"
+    assert not any("network is open" in g for g in root.gaps)
+    user = choose("auto", replace(BOTH, bwrap=None, helper_netns=False)).wrap(["agent"], _proxied(req))
+    assert user.argv[4] == "0" and user.argv[5].startswith("relay=0:")  # host loopback: any free port
+    assert "HTTPS_PROXY" not in user.env  # the helper sets it once it knows the port
+    assert [g for g in user.gaps if g.startswith("the network is open")], user.gaps
+
+
+def test_proxy_under_bwrap_alone_relays_with_the_system_python(req: ConfineRequest, monkeypatch) -> None:
+    from proctor.confine import plan as plan_mod
+
+    monkeypatch.setattr(plan_mod, "system_python", lambda: "/usr/bin/python3")
+    plan = choose("auto", replace(BOTH, helper=None)).wrap(["agent"], _proxied(req))
+    start = plan.argv.index("--") + 1
+    assert plan.argv[start:start + 4] == ["/usr/bin/python3", "-I", "-S", "-c"]
+    assert plan.argv[start + 5:start + 8] == ["3128", "/run/proctor-egress.sock", "--"]
+    assert "--share-net" not in plan.argv and plan.details["network"] == "proxy"
+    assert plan.env["HTTPS_PROXY"] == "http://127.0.0.1:3128"
+    monkeypatch.setattr(plan_mod, "system_python", lambda: None)
+    none = choose("auto", replace(BOTH, helper=None)).wrap(["agent"], _proxied(req))
+    assert "--share-net" not in none.argv and none.details["network"] == "netns"
+    assert any(g.startswith("no egress relay") for g in none.gaps)
+
+
+def test_network_gaps_are_honest_about_what_is_reachable(req: ConfineRequest) -> None:
+    nothing = choose("auto", BOTH).wrap(["agent"], replace(_proxied(req), egress=()))
+    assert any("declares no egress hosts" in g for g in nothing.gaps)
+    legacy = choose("auto", BOTH).wrap(["agent"], replace(req, network=True))
+    assert legacy.details["network"] == "open" and "--share-net" in legacy.argv
+    assert any(g.startswith("the whole network is reachable") for g in legacy.gaps)
+    off = choose("auto", BOTH).wrap(["agent"], replace(_proxied(req), network=False))
+    assert off.details["network"] == "netns+landlock-tcp" and "HTTPS_PROXY" not in off.env
+    assert not any("relay=" in a for a in off.argv) and str(req.tmpdir.parent / "egress.sock") not in off.argv

@@ -222,18 +222,20 @@ def test_changed_files_untracked_spaces_rename_commit(repo, fake):
 def test_build_output_cannot_make_an_idle_agent_look_clean(repo, fake):
     fake("claude")  # does nothing
     res = run_agent(req(repo, validateCommand="mkdir -p build && echo o > build/out.bin"))
-    assert res.status is Status.completed
-    assert res.agent_changed_files == [] and res.changed_files == ["build/out.bin"]
+    assert res.status is Status.completed and res.tests_attempted
+    # Validation runs in a throw-away checkout: its output is never part of the job's tree or its review copy.
+    assert res.agent_changed_files == [] and res.changed_files == []
+    assert not (Path(res.worktree_path) / "build").exists()
     assert res.needs_human_review and "the agent changed no files" in res.known_risks
 
 
-def test_failing_git_listing_is_a_risk_not_no_changes(repo, fake):
-    # Unconfined, the agent removes its own git metadata: listing fails, and that must not read as "no changes".
+def test_the_agents_own_git_metadata_decides_nothing(repo, fake):
+    # The agent removes its git dir: the host never read it, so its edit is listed all the same.
     cfg = user_config(repo.parent, '[agents.wreck]\ncommand = ["/bin/sh", "-c", '
                       '"echo x > a.txt; rm -rf $(git rev-parse --git-dir)"]\nprompt = "stdin"\n')
     res = run_agent(req(repo, agent="wreck", validateCommand=PASS), config=cfg)
-    assert any("could not list the agent's changes" in r for r in res.known_risks), res.known_risks
-    assert res.needs_human_review
+    assert res.status is Status.completed and res.changed_files == ["a.txt"], res
+    assert sh("git", "log", "--format=%s", "-1", cwd=Path(res.worktree_path)).startswith("proctor job")
 
 
 def test_needs_human_review_false_only_when_everything_checked(repo, fake):

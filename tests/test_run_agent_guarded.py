@@ -62,14 +62,19 @@ def test_write_outside_blocked_with_unconfined_control(tmp_path, repo):
 
 
 @needs_confinement
-def test_agent_can_commit_on_its_own_branch_only(tmp_path, repo):
+def test_agent_commits_in_its_own_repo_and_the_main_repo_gets_nothing(tmp_path, repo):
     script = ("echo c > c.txt && git add c.txt && git -c user.email=a@b -c user.name=a commit -qm agent && "
-              "git update-ref refs/heads/master HEAD; true")
-    master = sh("git", "rev-parse", "master", cwd=repo)
+              "git update-ref refs/heads/master HEAD && git log -1 --format=%s > committed-as.txt; true")
+    refs = sh("git", "for-each-ref", cwd=repo)
     res = run_agent(req(repo, validateCommand="true"), config=shell_agent(tmp_path, script, "required"))
-    assert res.status is Status.completed and res.agent_changed_files == ["c.txt"]
-    assert sh("git", "rev-parse", "master", cwd=repo) == master, "the agent moved master"
-    assert sh("git", "log", "-1", "--format=%s", res.branch, cwd=repo).strip() == "agent"
+    assert res.status is Status.completed and res.agent_changed_files == ["c.txt", "committed-as.txt"], res
+    wt = Path(res.worktree_path)
+    assert (wt / "committed-as.txt").read_text() == "agent\n", "the agent's own commit worked"
+    # Its commit and its master live in the job's repo; the main repo's refs and store are as they were.
+    assert sh("git", "for-each-ref", cwd=repo) == refs
+    assert sh("git", "rev-parse", res.branch, cwd=wt).strip() == res.commit
+    assert sh("git", "show", "--format=", "--name-only", res.commit, cwd=wt).split() == ["c.txt", "committed-as.txt"]
+    sh("git", "fsck", "--full", "--strict", cwd=repo)
 
 
 @needs_confinement

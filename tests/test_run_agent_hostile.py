@@ -34,46 +34,15 @@ def req(repo: Path, agent_name: str = "sh", **kw) -> RunAgentRequest:
     return RunAgentRequest(agent=agent_name, task=kw.pop("task", "t"), repo=str(repo), ticket="T", **kw)
 
 
-GIT_ID = "git -c user.email=a@b -c user.name=a"
-
-
-def test_planted_submodule_filter_never_runs_on_the_host(tmp_path, repo):
-    marker, armed = tmp_path / "host-side-marker", tmp_path / "armed"
-    # The filter fires only once armed, after the agent's own git work: any later run is the host's.
-    script = f"""set -e
-git init -q sub && cd sub
-git config filter.x.clean 'test -e {armed} && touch {marker}; cat'
-echo '* filter=x' > .gitattributes && echo one > f && git add -A && {GIT_ID} commit -qm s
-echo two > f
-cd .. && git add sub && touch {armed}"""
-    res = run_agent(req(repo, validateCommand="true"), config=agent(tmp_path, script))
-    assert res.status is Status.completed and "sub" in res.agent_changed_files, res
-    assert not marker.exists(), "host-side git ran the agent's filter"
-    # control: plain git (without proctor's overrides) does enter the nested repo and run it
-    subprocess.run(["git", "status", "--porcelain"], cwd=res.worktree_path, capture_output=True)
-    assert marker.exists(), "control failed: git did not run the planted filter"
-
-
-def test_rewritten_commondir_is_ignored_and_reported(tmp_path, repo):
-    marker = tmp_path / "evil-ran"
-    script = f"""set -e
-gd=$(git rev-parse --git-dir); cp -r "$(git rev-parse --git-common-dir)" evil
-git config -f evil/config filter.x.clean 'touch {marker}; cat'
-echo '* filter=x' > .gitattributes; echo "$PWD/evil" > "$gd/commondir"; echo change > README.md"""
-    # (no git command runs after the rewrite in the agent, so a marker can only come from the host)
-    res = run_agent(req(repo, validateCommand="true"), config=agent(tmp_path, script))
-    assert not marker.exists(), "host-side git followed the agent's commondir"
-    assert any("commondir was rewritten" in r for r in res.known_risks), res.known_risks
-    assert "README.md" in res.agent_changed_files
-
-
 def test_skip_worktree_cannot_hide_an_edit(tmp_path, repo):
     script = "git update-index --skip-worktree README.md && echo hidden >> README.md && echo n > new.txt"
     res = run_agent(req(repo, validateCommand="true"), config=agent(tmp_path, script))
     assert set(res.agent_changed_files) == {"README.md", "new.txt"}, res.agent_changed_files
-    # control: the agent's own index does hide it from a plain status
-    plain = sh("git", "status", "--porcelain", cwd=Path(res.worktree_path))
-    assert "README.md" not in plain
+    # control: in a plain clone the same index trick does hide the edit from `git status`
+    clone = tmp_path / "clone"
+    sh("git", "clone", "-q", str(repo), str(clone))
+    subprocess.run(["/bin/sh", "-c", script], cwd=clone, check=True)
+    assert "README.md" not in sh("git", "status", "--porcelain", cwd=clone)
 
 
 def test_agent_cannot_choose_its_own_validation(tmp_path):

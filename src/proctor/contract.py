@@ -50,6 +50,7 @@ class Code(StrEnum):
     CIRCUIT_OPEN = "CIRCUIT_OPEN"
     CONFINEMENT_UNAVAILABLE = "CONFINEMENT_UNAVAILABLE"
     HOST_ERROR = "HOST_ERROR"
+    TAMPERED = "TAMPERED"  # the agent left something the host refuses to read (a FIFO, a device, ...)
 
 
 def check_ref(ref: str) -> str:
@@ -164,6 +165,8 @@ class RunAgentResult(BaseModel):
     retry_after: str | None = None
     confinement: str | None = None
     confinement_details: dict[str, Any] | None = None
+    # The job's commit (the tree `changed_files` lists, on `branch` in the job's own repo at worktreePath).
+    commit: str | None = None
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True, indent=2)

@@ -1,20 +1,30 @@
-"""Host-side git: every git command the host itself runs, with the repo's own hooks and helpers disabled.
+"""Host-side git: every git command the host itself runs, reading only configuration the host chose.
 
-Owns running git safely and parsing what the host reads back (`status --porcelain -z`, `diff --name-status -z`).
-It never runs a git command inside the agent's process tree, and never trusts a config the agent could write:
-an agent can edit a worktree's files (including `config.worktree` and the `.git` pointer), so hooks,
-fsmonitor and similar executable hooks are switched off on the command line, which beats any config file.
+Owns running git safely and parsing what the host reads back. It never runs a git command inside the
+agent's process tree, and never lets git read a config file the agent or the repo's content could have
+written.
+
+Why a whitelist of config sources and not a list of `-c` overrides (DESIGN.md 9a): an override list is a
+blacklist, and every key it misses is code execution on the host. In review an agent got its clean filter
+run through a `config.worktree` the host's git honoured, and through a nested repo's own config reached
+by submodule descent, past `-c diff.ignoreSubmodules=dirty`. So host-side git reads no system or global
+config (GIT_CONFIG_NOSYSTEM, GIT_CONFIG_GLOBAL=/dev/null, an empty HOME), and after an agent ran the host
+never points git at a git dir the agent could write: it inspects the agent's files through a git dir of
+its own (proctor.landing), whose config it wrote. What git then reads from the agent's tree is data to
+it: `.gitattributes` naming a filter with no driver in any config it reads is a no-op, `.gitignore`
+only decides what is left out. The `-c` switches below stay as a second layer.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-# Command-line config beats every config file: nothing the agent wrote can make host-side git run code.
 # GIT_* variables that redirect git; never inherited by host-side git nor handed to an agent.
 REDIRECTING_ENV = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_COMMON_DIR", "GIT_OBJECT_DIRECTORY",
                    "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_NAMESPACE", "GIT_CEILING_DIRECTORIES",
@@ -22,10 +32,8 @@ REDIRECTING_ENV = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_COMMON_DIR
                    "GIT_CONFIG_PARAMETERS", "GIT_EXEC_PATH", "GIT_TEMPLATE_DIR")
 SAFE_CONFIG = (
     "-c", "core.hooksPath=/dev/null",
-    # A nested repo the agent planted (a gitlink) would otherwise be entered to see if it is dirty, which
-    # reads that repo's own config, filters included: code execution on the host (found in review,
-    # reproduced). "dirty" keeps the gitlink itself listed but never looks inside its work tree.
-    "-c", "diff.ignoreSubmodules=dirty",
+    # Never enter a nested repo: its own config (filters included) is the agent's (found in review).
+    "-c", "diff.ignoreSubmodules=all",
     "-c", "submodule.recurse=false",
     "-c", "status.submoduleSummary=false",
     "-c", "core.fsmonitor=false",
@@ -33,6 +41,11 @@ SAFE_CONFIG = (
     "-c", "diff.external=",
     "-c", "protocol.allow=never",
     "-c", "core.quotePath=false",
+    "-c", "core.attributesFile=/dev/null",
+    "-c", "core.excludesFile=/dev/null",
+    # The host reads the user's own repo (whoever owns it) and git dirs it made itself; ownership checks
+    # guard against reading an untrusted config, which the host never does.
+    "-c", "safe.directory=*",
 )
 GIT_TIMEOUT_S = 120
 
@@ -58,36 +71,47 @@ class GitResult:
         return self.out.decode("utf-8", "replace").strip()
 
 
+@functools.cache
+def _empty_home() -> str:
+    # An empty HOME of this process's own (mkdtemp: never a dir another user made): git finds no
+    # ~/.gitconfig, ~/.config/git/* nor XDG files there.
+    try:
+        return tempfile.mkdtemp(prefix="proctor-git-home-")
+    except OSError:
+        return "/nonexistent"
+
+
 def git(
     args: Sequence[str],
     *,
     cwd: Path | None = None,
     git_dir: Path | None = None,
     work_tree: Path | None = None,
-    common_dir: Path | None = None,
     index_file: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    input_bytes: bytes | None = None,
     timeout: float = GIT_TIMEOUT_S,
 ) -> GitResult:
-    """Run host-side git. `common_dir` pins the shared .git of a linked worktree (the `commondir` file in
-    its metadata is agent-writable under some confinements; the variable beats the file); `index_file`
-    points git at a private index instead of the agent's."""
+    """Run host-side git with no system or global config; `index_file` points git at a private index."""
     cmd = ["git", *SAFE_CONFIG]
     if git_dir is not None:
         cmd += ["--git-dir", str(git_dir)]
     if work_tree is not None:
         cmd += ["--work-tree", str(work_tree)]
     cmd += list(args)
-    env = {"GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"}
     full_env = unredirected_env()
-    full_env.update(env)
-    if common_dir is not None:
-        full_env["GIT_COMMON_DIR"] = str(common_dir)
+    home = _empty_home()
+    full_env.update({"GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C",
+                     "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "HOME": home,
+                     "XDG_CONFIG_HOME": home, "GIT_ATTR_NOSYSTEM": "1"})
+    full_env.pop("GIT_ASKPASS", None)
+    full_env.pop("SSH_ASKPASS", None)
     if index_file is not None:
         full_env["GIT_INDEX_FILE"] = str(index_file)
+    full_env.update(env or {})
     try:
-        p = subprocess.run(
-            cmd, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout
-        )
+        p = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, timeout=timeout,
+                           **({"input": input_bytes} if input_bytes is not None else {"stdin": subprocess.DEVNULL}))
     except FileNotFoundError:
         return GitResult(127, b"", "git is not installed")
     except (OSError, ValueError) as exc:  # an unusable cwd, a NUL byte in an argument
@@ -95,31 +119,3 @@ def git(
     except subprocess.TimeoutExpired:
         return GitResult(124, b"", f"git {' '.join(args[:2])} timed out after {timeout:.0f}s")
     return GitResult(p.returncode, p.stdout, p.stderr.decode("utf-8", "replace").strip())
-
-
-def parse_status_v2_z(raw: bytes) -> list[str]:
-    """Changed paths from `git status --porcelain=v2 -z`: both index sides, untracked, both sides of a
-    rename, any bytes in a name (NUL-separated). A nested repo's trailing `/` is dropped."""
-    fields = raw.split(b"\0")
-    out: list[str] = []
-    i = 0
-    while i < len(fields):
-        entry = fields[i]
-        i += 1
-        kind = entry[:1]
-        if kind in (b"?", b"!"):
-            out.append(_path(entry[2:]).rstrip("/"))
-        elif kind == b"1":  # 1 XY sub mH mI mW hH hI path
-            out.append(_path(entry.split(b" ", 8)[8]))
-        elif kind == b"2":  # 2 XY sub mH mI mW hH hI Xscore path NUL origPath
-            out.append(_path(entry.split(b" ", 9)[9]))
-            if i < len(fields):
-                out.append(_path(fields[i]))
-                i += 1
-        elif kind == b"u":  # u XY sub m1 m2 m3 mW h1 h2 h3 path
-            out.append(_path(entry.split(b" ", 10)[10]))
-    return out
-
-
-def _path(raw: bytes) -> str:
-    return raw.decode("utf-8", "surrogateescape")

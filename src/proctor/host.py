@@ -10,6 +10,7 @@ trusts the agent's word: `claimed_status` is recorded and decides nothing; `chan
 from __future__ import annotations
 
 import dataclasses
+import os
 import secrets
 import shutil
 import tempfile
@@ -19,12 +20,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from proctor import cgroup, confine, validate, worktree
-from proctor.adapters.spec import AdapterSpec, Refused, build
+from proctor import cgroup, confine, frozen, landing, validate, worktree
+from proctor.adapters.spec import AdapterSpec, Invocation, Refused, build
 from proctor.agent_version import agent_version
 from proctor.attempts import run_attempts
 from proctor.breaker import Breaker, signal_for
 from proctor.config import Config, ConfigError, load_config
+from proctor.confine.egress import EgressProxy
 from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status
 from proctor.git import unredirected_env
 from proctor.ledger import Ledger
@@ -32,9 +34,6 @@ from proctor.process import LocalRunner, ProcessRunner
 from proctor.progress import NullProgress, Progress
 from proctor.stop import StopSwitch
 
-# Files that decide what autodetected validation runs; an agent that edits one may be choosing its own test.
-PLAN_FILES = ("Makefile", "pyproject.toml", "setup.cfg", "pytest.ini", "tox.ini", "conftest.py", "package.json",
-              "Cargo.toml", "go.mod")
 PYTEST_NO_TESTS = 5
 
 
@@ -72,10 +71,15 @@ class _Job:
     start: float
     ledger: Ledger
     stop: StopSwitch
+    spec: AdapterSpec
+    # Two private dirs: the agent's TMPDIR (writable by it) and the host's own (never granted to it).
+    agent_tmp: Path
+    host_tmp: Path
     risks: list[str] = field(default_factory=list)
+    mode: str = "auto"
     # Set once the agent's plan is made; validation runs under the same confiner, network off.
     confiner: confine.Confiner | None = None
-    roots: confine.ConfineRequest | None = None
+    egress: EgressProxy | None = None  # the host-run proxy to the adapter's declared hosts, while the agent runs
 
 
 def run_agent(
@@ -134,27 +138,27 @@ def _admit_and_run(request, config, runner, progress, cancel, job_id, ledger, st
     if spec is None:
         known = ", ".join(sorted(config.agents))
         return refused(request, [f"unknown agent {request.agent!r} (known: {known})"], Code.UNKNOWN_AGENT, start)
-    job = _Job(request, config, runner or LocalRunner(), progress or NullProgress(), cancel, job_id, start,
-               ledger, stop or StopSwitch())
     breaker = Breaker(ledger, threshold=config.breaker.threshold, cooldown_s=config.breaker.cooldown_s,
                       backoff_s=config.breaker.backoff_s)
-    # Two private dirs: the agent's TMPDIR (writable by it) and the host's own (never granted to it).
-    agent_tmp = Path(tempfile.mkdtemp(prefix=f"proctor-{job_id}-"))
-    host_tmp = Path(tempfile.mkdtemp(prefix=f"proctor-host-{job_id}-"))
+    job = _Job(request, config, runner or LocalRunner(), progress or NullProgress(), cancel, job_id, start,
+               ledger, stop or StopSwitch(), spec, Path(tempfile.mkdtemp(prefix=f"proctor-{job_id}-")),
+               Path(tempfile.mkdtemp(prefix=f"proctor-host-{job_id}-")))
     try:
-        return _run(job, spec, breaker, agent_tmp, host_tmp)
+        return _run(job, breaker)
     finally:
-        shutil.rmtree(agent_tmp, ignore_errors=True)
-        shutil.rmtree(host_tmp, ignore_errors=True)
+        if job.egress is not None:
+            job.egress.stop()
+        shutil.rmtree(job.agent_tmp, ignore_errors=True)
+        shutil.rmtree(job.host_tmp, ignore_errors=True)
 
 
-def _agent_env(job: _Job, spec: AdapterSpec, wt_path: Path, agent_tmp: Path) -> dict[str, str]:
-    return {**unredirected_env(), **spec.env, "PROCTOR_JOB_ID": job.job_id, "PROCTOR_WORKTREE": str(wt_path),
-            "TMPDIR": str(agent_tmp)}
+def _agent_env(job: _Job, wt_path: Path) -> dict[str, str]:
+    return {**unredirected_env(), **job.spec.env, "PROCTOR_JOB_ID": job.job_id, "PROCTOR_WORKTREE": str(wt_path),
+            "TMPDIR": str(job.agent_tmp)}
 
 
-def _run(job: _Job, spec: AdapterSpec, breaker: Breaker, agent_tmp: Path, host_tmp: Path) -> RunAgentResult:
-    req = job.request
+def _run(job: _Job, breaker: Breaker) -> RunAgentResult:
+    req, spec = job.request, job.spec
     job.progress.phase("checking the request")
     repo = worktree.open_repo(req.repo)
     if isinstance(repo, worktree.Failure):
@@ -165,10 +169,10 @@ def _run(job: _Job, spec: AdapterSpec, breaker: Breaker, agent_tmp: Path, host_t
 
     # The argv is built (and a too-large prompt refused) before anything is created on disk.
     wt_path = worktree.path_for(repo, job.job_id)
-    prompt_file = agent_tmp / "prompt.md" if spec.prompt == "file" else None
+    prompt_file = job.agent_tmp / "prompt.md" if spec.prompt == "file" else None
     if prompt_file is not None:
         prompt_file.write_text(req.task, encoding="utf-8")
-    env = _agent_env(job, spec, wt_path, agent_tmp)
+    env = _agent_env(job, wt_path)
     inv = build(spec, req.task, wt_path, prompt_file, env)
     if isinstance(inv, Refused):
         return refused(req, [inv.reason], Code(inv.code), job.start)
@@ -176,8 +180,8 @@ def _run(job: _Job, spec: AdapterSpec, breaker: Breaker, agent_tmp: Path, host_t
     stopped = job.stop.reason()
     if stopped:
         return refused(req, [f"proctor is stopped ({stopped}); nothing was launched"], Code.STOPPED, job.start)
-    mode = req.confine or job.config.confine
-    confiner = confine.choose(mode, confine.detect())
+    job.mode = req.confine or job.config.confine
+    confiner = confine.choose(job.mode, confine.detect())
     if isinstance(confiner, confine.Unavailable):
         return refused(req, [confiner.reason], confiner.code, job.start)
     admission = breaker.admit(req.agent, job_id=job.job_id)
@@ -187,7 +191,7 @@ def _run(job: _Job, spec: AdapterSpec, breaker: Breaker, agent_tmp: Path, host_t
     result = RunAgentResult(status=Status.failed, agent=req.agent, job_id=job.job_id, base_ref=base.ref,
                             mode=req.mode, code=Code.HOST_ERROR)
     try:
-        _in_worktree(job, spec, repo, base, confiner, mode, inv, env, agent_tmp, host_tmp, result)
+        _in_worktree(job, repo, base, confiner, inv, env, result)
     finally:
         # Whatever happened after admission, the breaker hears of it (a half-open trial is never left held).
         breaker.record(req.agent, signal_for(result.status, result.code), job_id=job.job_id)
@@ -204,19 +208,20 @@ def _run(job: _Job, spec: AdapterSpec, breaker: Breaker, agent_tmp: Path, host_t
     return result
 
 
-def _in_worktree(job, spec, repo, base, confiner, mode, inv, env, agent_tmp, host_tmp, result) -> None:
-    req = job.request
+def _in_worktree(job: _Job, repo: worktree.Repo, base: worktree.Base, confiner: confine.Confiner,
+                 inv: Invocation, env: dict[str, str], result: RunAgentResult) -> None:
+    req, spec = job.request, job.spec
     job.progress.phase("creating the worktree")
-    wt = worktree.create(repo, job.job_id, req.ticket, base, host_tmp)
+    wt = worktree.create(repo, job.job_id, req.ticket, base)
     if isinstance(wt, worktree.Failure):
         result.code, result.summary = Code.WORKTREE_FAILED, wt.reason
         job.risks.append(wt.reason)
         return
     result.worktree_path, result.branch = str(wt.path), wt.branch
-    # Decided on the fresh checkout, before the agent runs: the agent must not pick its own test.
+    # Decided on the fresh checkout of the base, before the agent runs: the agent must not pick its own test.
     plan = validate.given(req.validate_command) if req.validate_command else validate.detect(wt.path)
 
-    cplan = _confine(job, spec, confiner, mode, wt, agent_tmp, list(inv.argv), env)
+    cplan = _confine(job, confiner, wt, list(inv.argv), env)
     if isinstance(cplan, confine.Unavailable):
         result.code, result.summary = cplan.code, cplan.reason
         job.risks.append(f"{cplan.reason}; nothing was launched")
@@ -224,45 +229,98 @@ def _in_worktree(job, spec, repo, base, confiner, mode, inv, env, agent_tmp, hos
     result.confinement = cplan.confinement
     result.confinement_details = {**cplan.details, "gaps": cplan.gaps}
     agent_env = {**env, **cplan.env}
-    result.agent_version = agent_version(spec, agent_env, agent_tmp)
+    result.agent_version = agent_version(spec, {**env, "TMPDIR": str(job.agent_tmp)}, job.agent_tmp)
 
-    out = run_attempts(spec=spec, argv=cplan.argv, stdin=inv.stdin, env=agent_env, cwd=wt.path, runner=job.runner,
-                       progress=job.progress, poll=_poll(job), timeout_s=req.timeout_sec,
-                       term_grace_s=job.config.term_grace, name=f"job-{job.job_id}",
-                       confined=cplan.confinement != "none")
+    try:
+        out = run_attempts(spec=spec, argv=cplan.argv, stdin=inv.stdin, env=agent_env, cwd=wt.path,
+                           runner=job.runner, progress=job.progress, poll=_poll(job), timeout_s=req.timeout_sec,
+                           term_grace_s=job.config.term_grace, name=f"job-{job.job_id}",
+                           confined=cplan.confinement != "none")
+    finally:
+        _stop_egress(job)
     result.status, result.code, result.attempts = out.status, out.code, out.attempts
     result.exit_codes, result.retry_after = out.exit_codes, out.retry_after
     result.summary = out.reading.summary or f"{req.agent} exited {out.exit_codes[-1]}"
     result.claimed_status = out.reading.claimed_status
     result.confinement_details["cleanup"] = f"{cplan.details.get('cleanup', 'none')}+{out.cleanup}"
     job.risks.extend(out.risks)
-    for tamper in worktree.tampered_pointers(wt):
-        job.risks.append(f"the job's git metadata was tampered with: {tamper}")
 
-    job.progress.phase("collecting the agent's changes")
-    before = worktree.changed_files(wt)
-    if isinstance(before, worktree.Failure):
-        job.risks.append(f"could not list the agent's changes: {before.reason}")
-    else:
-        result.agent_changed_files = before
-        if not before:
-            job.risks.append("the agent changed no files")
-        touched = [p for p in before if Path(p).name in PLAN_FILES or p.endswith((".sln", ".csproj"))]
-        if touched and not req.validate_command:
-            job.risks.append(f"the agent changed files that define the tests: {', '.join(touched[:5])}")
-
-    validated = result.status is Status.completed and _validate(job, wt, plan, env, result)
-    # Nothing ran after the first listing unless validation did: the same listing stands.
-    after = worktree.changed_files(wt) if validated else before
-    if isinstance(after, worktree.Failure):
-        job.risks.append(f"could not list changed files after validation: {after.reason}")
-    else:
-        result.changed_files = after
+    job.progress.phase("building the job's tree")
+    landed = _land(job, wt, result)
+    if landed is None:
+        return
+    touched = frozen.test_defining(landed.changed)
+    if touched:
+        job.risks.append(f"the agent changed files that define the tests: {_names(touched)}")
+    if result.status is Status.completed:
+        _validate(job, wt, landed, plan, env, result, touched)
 
 
-def _confine(job: _Job, spec: AdapterSpec, confiner: confine.Confiner, mode: str, wt: worktree.Worktree,
-             agent_tmp: Path, argv: list[str], env: dict[str, str]) -> confine.ConfinePlan | confine.Unavailable:
+def _names(paths: list[str], most: int = 5) -> str:
+    more = f" (+{len(paths) - most} more)" if len(paths) > most else ""
+    return ", ".join(paths[:most]) + more
+
+
+def _land(job: _Job, wt: worktree.Worktree, result: RunAgentResult) -> landing.Landing | None:
+    """Move the agent's directory aside, commit its content on the job's branch in a fresh checkout at
+    the same path (the review surface: nothing the agent wrote is there but file content), delete the rest.
+    Nothing of the agent's directory is read but through lstat and git's hashing of regular files."""
+    agent_dir = wt.path.with_name(f".{wt.path.name}.agent")
+    try:
+        os.rename(wt.path, agent_dir)
+        wt.path.mkdir()
+    except OSError as exc:
+        result.status, result.code = Status.failed, Code.HOST_ERROR
+        job.risks.append(f"could not take the agent's worktree for review: {exc}")
+        return None
+    try:
+        found = landing.scan(agent_dir)
+        if isinstance(found, worktree.Failure):
+            result.status, result.code = Status.failed, Code.TAMPERED
+            job.risks.append(f"the job's tree was not built: {found.reason}")
+            return None
+        _report_scan(job, found, result)
+        built = landing.build(agent_dir, wt.path, wt, job.host_tmp, found,
+                              f"proctor job {job.job_id} ({job.request.agent}): {job.request.ticket}\n")
+    finally:
+        if not worktree.remove_tree(agent_dir):
+            job.risks.append(f"the agent's scratch directory {agent_dir} could not be removed")
+    if isinstance(built, worktree.Failure):
+        result.status, result.code = Status.failed, Code.HOST_ERROR
+        job.risks.append(f"the job's tree was not built: {built.reason}")
+        return None
+    big = [(p, n) for p, n in found.oversized if p not in built.left_out_ignored]
+    if big:
+        job.risks.append("files over the size cap were left out of the job's tree: "
+                         + _names([f"{p} ({n} bytes)" for p, n in big]))
+    result.commit = built.commit
+    result.agent_changed_files = list(built.changed)
+    result.changed_files = list(built.changed)
+    if not built.changed:
+        job.risks.append("the agent changed no files")
+    job.ledger.append("job.tree", {"jobId": job.job_id, "commit": built.commit, "tree": built.tree,
+                                   "changed": len(built.changed), "left_out": list(found.left_out)[:50]},
+                      job_id=job.job_id)
+    return built
+
+
+def _report_scan(job: _Job, found: landing.Scan, result: RunAgentResult) -> None:
+    if found.special:
+        # A FIFO where the host reads hung it for ever in review; nothing honest leaves one.
+        result.status, result.code = Status.failed, Code.TAMPERED
+        job.risks.append("the agent left special files (FIFO, socket or device) in its worktree: "
+                         f"{_names(list(found.special))}; left out of the job's tree")
+    if found.nested:
+        job.risks.append(f"the agent left nested git repositories: {_names(list(found.nested))}; "
+                         "their files are not part of the job's tree")
+    if found.unreadable:
+        job.risks.append(f"unreadable entries in the agent's worktree were left out: {_names(list(found.unreadable))}")
+
+
+def _confine(job: _Job, confiner: confine.Confiner, wt: worktree.Worktree, argv: list[str],
+             env: dict[str, str]) -> confine.ConfinePlan | confine.Unavailable:
     """The OS-enforced plan for this job's agent, never silently weaker than the policy asked."""
+    spec = job.spec
     planted = confine.refuse_hard_links(wt.path)
     if planted:
         # A hard link the host left in the worktree is writable under every layer (research/sandbox.md).
@@ -276,24 +334,61 @@ def _confine(job: _Job, spec: AdapterSpec, confiner: confine.Confiner, mode: str
             return confine.Unavailable(f"state_dirs entry {raw!r} of agent {spec.name!r} is not a directory")
         d.mkdir(parents=True, exist_ok=True)
         state_dirs.append(d)
-    roots = confine.job_roots(wt.common_dir, wt.git_dir, wt.branch, wt.path, agent_tmp, state_dirs,
-                              network=spec.network)
+    roots = confine.job_roots(wt.path, job.agent_tmp, state_dirs, readonly=_main_repo(wt), network=spec.network)
     if isinstance(roots, confine.Unavailable):
         return roots
-    job.confiner, job.roots = confiner, roots
+    if spec.network and confiner.name != "none":
+        # The network is the adapter's declared hosts only, through a proxy the host runs: an agent with
+        # the whole network reached the loopback NATS server and deleted the job stream (found in review).
+        proxy = EgressProxy(spec.egress, job.host_tmp / "egress.sock", on_decision=_egress_row(job))
+        try:
+            job.egress = proxy.start()
+        except (OSError, RuntimeError, ValueError) as exc:
+            return confine.Unavailable(f"the egress proxy did not start: {exc}")
+        roots = dataclasses.replace(roots, egress_socket=proxy.socket_path, egress=spec.egress)
+    job.confiner = confiner
     plan = confiner.wrap(argv, roots)
-    if not isinstance(plan, confine.Unavailable) and plan.confinement == "none" and mode == "auto":
+    if not isinstance(plan, confine.Unavailable) and plan.confinement == "none" and job.mode == "auto":
         job.risks.append("no OS confinement on this machine: the agent ran unconfined "
                          f"({'; '.join(plan.gaps) or 'neither bubblewrap nor Landlock'})")
     return plan
 
 
-def _confined_validation(job: _Job, plan: validate.Plan) -> validate.Plan | None:
+def _egress_row(job: _Job) -> Callable[[dict], None]:
+    def row(decision: dict) -> None:
+        job.ledger.append("egress.decision", {"jobId": job.job_id, **decision}, job_id=job.job_id)
+
+    return row
+
+
+def _stop_egress(job: _Job) -> None:
+    if job.egress is None:
+        return
+    job.egress.stop()
+    if job.egress.decisions_dropped:
+        job.risks.append(f"{job.egress.decisions_dropped} network requests past the proxy's cap were refused "
+                         "without a ledger row each")
+    if job.egress.callback_errors:
+        job.risks.append(f"network requests were refused because their ledger row failed: "
+                         f"{job.egress.callback_errors[0]}")
+
+
+def _main_repo(wt: worktree.Worktree) -> tuple[Path, ...]:
+    # Visible (its objects are borrowed) and never writable, even where it sits under a private /tmp.
+    return (wt.repo.path, wt.repo.common_dir)
+
+
+def _confined_validation(job: _Job, plan: validate.Plan, checkout: Path, readonly: tuple[Path, ...],
+                         tmpdir: Path) -> validate.Plan | None:
     """Validation runs code the agent may have written (a conftest.py, a build script): it gets the agent's
-    confinement, minus the network and the CLI's state dirs. None (and a risk) when it cannot be had."""
-    if job.confiner is None or job.roots is None:
+    confinement in a checkout of its own, minus the network and the CLI's state dirs, with the review
+    checkout read-only. None (and a risk) when it cannot be had."""
+    roots = confine.job_roots(checkout, tmpdir, readonly=readonly, network=False)
+    if isinstance(roots, confine.Unavailable):
+        job.risks.append(f"validation not run: {roots.reason}")
+        return None
+    if job.confiner is None:
         return plan
-    roots = dataclasses.replace(job.roots, network=False, state_dirs=())
     steps = []
     for step in plan.steps:
         wrapped = job.confiner.wrap(list(step.argv), roots)
@@ -318,19 +413,34 @@ def _poll(job: _Job) -> Callable[[], str | None]:
     return poll
 
 
-def _validate(job: _Job, wt: worktree.Worktree, plan: validate.Plan, env, result: RunAgentResult) -> bool:
-    """Run the host's own validation; False when nothing ran."""
+def _validate(job: _Job, wt: worktree.Worktree, landed: landing.Landing, plan: validate.Plan, env: dict[str, str],
+              result: RunAgentResult, touched: list[str]) -> None:
+    """Validate exactly the tree that would land, in a throw-away checkout of the job's commit (ignored
+    files the agent left never exist there); with test-defining files touched, once more on the job's
+    tree with the base's versions of them, whose failure is a risk (the task may have been to change a test)."""
     if not plan.steps:
         job.risks.append(plan.skipped_reason or "validation skipped")
-        return False
+        return
     job.progress.phase("validating")
-    confined = _confined_validation(job, plan)
-    if confined is None:
-        return False
-    run = validate.run(confined, job.runner, cwd=wt.path, env=env, timeout_s=job.config.validate_timeout,
-                       name=f"validate-{job.job_id}", poll=_poll(job))
+    run = _validation_run(job, wt, landed, plan, env, "validate", None)
+    if run is None or _judge(job, run, result, ""):
+        return
+    if touched:
+        job.progress.phase("validating with the base's test files")
+        tree = frozen.frozen_tree(landed.git_dir, job.host_tmp / "frozen.index", landed.commit, landed.base_sha,
+                                  touched)
+        if isinstance(tree, worktree.Failure):
+            job.risks.append(f"the base's test files were not run: {tree.reason}")
+            return
+        run = _validation_run(job, wt, landed, plan, env, "frozen", tree)
+        if run is not None:
+            _judge(job, run, result, " (with the base's test files)")
+
+
+def _judge(job: _Job, run: validate.Run, result: RunAgentResult, suffix: str) -> bool:
+    """Record one validation run; True when it ended the job's chances (killed or failed)."""
     timeout = job.config.validate_timeout
-    result.tests_attempted = [a.line(timeout) for a in run.attempts]
+    result.tests_attempted += [f"{a.line(timeout)}{suffix}" for a in run.attempts]
     if run.killed_reason:
         result.status = Status.failed
         result.code = Code.STOPPED if run.killed_reason.startswith("stopped") else Code.CANCELLED
@@ -338,12 +448,33 @@ def _validate(job: _Job, wt: worktree.Worktree, plan: validate.Plan, env, result
         return True
     failed = [a for a in run.attempts if not a.passed]
     if not failed:
-        return True
+        return False
     first = failed[0]
     if first.exit_code == PYTEST_NO_TESTS and first.label.endswith("-m pytest"):
         # pytest's "no tests collected": nothing was checked, which is not the same as a failure.
-        job.risks.append(f"validation ran no test: {first.line(timeout)}")
+        job.risks.append(f"validation ran no test: {first.line(timeout)}{suffix}")
+        return False
+    if suffix:
+        job.risks.append(f"validation failed{suffix}: {first.line(timeout)}")
         return True
     result.status, result.code = Status.failed, Code.VALIDATION_FAILED
     job.risks.append(f"validation failed: {first.line(timeout)}")
     return True
+
+
+def _validation_run(job: _Job, wt: worktree.Worktree, landed: landing.Landing, plan: validate.Plan,
+                    env: dict[str, str], name: str, tree: str | None) -> validate.Run | None:
+    checkout = wt.path.with_name(f".{wt.path.name}.{name}")
+    tmpdir = job.host_tmp / f"{name}-tmp"
+    try:
+        made = landing.checkout_copy(landed, wt, checkout, tree)
+        if made is not None:
+            job.risks.append(f"validation not run: {made.reason}")
+            return None
+        confined = _confined_validation(job, plan, checkout, (*_main_repo(wt), wt.path), tmpdir)
+        if confined is None:
+            return None
+        return validate.run(confined, job.runner, cwd=checkout, env={**env, "TMPDIR": str(tmpdir)},
+                            timeout_s=job.config.validate_timeout, name=f"{name}-{job.job_id}", poll=_poll(job))
+    finally:
+        worktree.remove_tree(checkout)

@@ -1,45 +1,30 @@
-"""The per-job git worktree: base-ref resolution, creation beside the repo, and what changed in it.
+"""The job's repositories: base-ref resolution and host-made git dirs that borrow the main repo's objects.
 
-Owns `{repo}-agents/{jobId}` on branch `wt/{jobId}/{ticket}`, cut from a validated base ref passed after
-`--`. It never touches the main checkout's files or its HEAD, and never removes a worktree (review, land,
-discard and gc are separate verbs): a job's worktree is its review surface.
+Layout, for the repo `/x/app` and job `J` (branch `wt/J/<ticket>`):
+
+    /x/app-agents/J        the agent's worktree while it runs; after it, the job's review checkout
+    /x/app-agents/J/.git   a repository of the job's own, made by the host: its own objects and refs,
+                           `objects/info/alternates` naming the main repo's object store
+
+The main repo gets nothing from a job: no branch, no object, no config (landing copies the job's objects
+in). Its store is only ever read through alternates, which git never writes, and it is read-only under
+every confinement, so an agent can neither rewrite master's blobs nor delete history (found in review:
+with a linked worktree the shared store was the agent's to edit). A linked worktree also put the agent's
+branch ref and `HEAD` into files the host later read; here the host never reads the agent's git dir.
+
+It never touches the main checkout's files or its HEAD, and never removes a job's checkout (review, land,
+discard and gc are separate verbs).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from proctor.git import git, parse_status_v2_z
-
-
-@dataclass(frozen=True)
-class Repo:
-    path: Path  # top of the main checkout
-    common_dir: Path  # the shared .git
-
-
-@dataclass(frozen=True)
-class Worktree:
-    path: Path
-    branch: str
-    base_ref: str
-    base_sha: str
-    git_dir: Path  # <common>/worktrees/<name>, read once at creation, before any agent ran
-    common_dir: Path
-    # A copy of the index as checkout wrote it, before any agent ran: changes are listed against it, never
-    # against the agent's own index (which can hide an edit with --skip-worktree / --assume-unchanged).
-    pristine_index: Path | None = None
-    pointers: tuple[tuple[str, bytes], ...] = ()  # the metadata files git trusts, as created
-
-
-POINTER_FILES = ("commondir", "gitdir", "HEAD")
-
-
-def path_for(repo: Repo, job_id: str) -> Path:
-    return repo.path.parent / f"{repo.path.name}-agents" / job_id
+from proctor.contract import check_ref
+from proctor.git import git
 
 
 @dataclass(frozen=True)
@@ -47,21 +32,48 @@ class Failure:
     reason: str
 
 
-def open_repo(path: str | Path) -> Repo | Failure:
-    p = Path(path)
-    if not p.is_dir():
-        return Failure(f"repo {str(path)!r} is not an existing directory")
-    res = git(["rev-parse", "--show-toplevel", "--path-format=absolute", "--git-common-dir"], cwd=p)
-    lines = res.text.splitlines()
-    if not res.ok or len(lines) != 2:
-        return Failure(f"repo {str(path)!r} is not a git repository ({res.err or 'no work tree'})")
-    return Repo(Path(lines[0]), Path(lines[1]))
+@dataclass(frozen=True)
+class Repo:
+    path: Path  # top of the main checkout
+    common_dir: Path  # the shared .git
+    object_format: str = "sha1"
+
+    @property
+    def objects(self) -> Path:
+        return self.common_dir / "objects"
 
 
 @dataclass(frozen=True)
 class Base:
     ref: str
     sha: str
+
+
+@dataclass(frozen=True)
+class Worktree:
+    """The agent's worktree: a fresh checkout of the base in a repository of the job's own."""
+
+    path: Path
+    branch: str
+    base_ref: str
+    base_sha: str
+    repo: Repo
+
+
+def path_for(repo: Repo, job_id: str) -> Path:
+    return repo.path.parent / f"{repo.path.name}-agents" / job_id
+
+
+def open_repo(path: str | Path) -> Repo | Failure:
+    p = Path(path)
+    if not p.is_dir():
+        return Failure(f"repo {str(path)!r} is not an existing directory")
+    res = git(["rev-parse", "--show-toplevel", "--path-format=absolute", "--git-common-dir",
+               "--show-object-format"], cwd=p)
+    lines = res.text.splitlines()
+    if not res.ok or len(lines) != 3:
+        return Failure(f"repo {str(path)!r} is not a git repository ({res.err or 'no work tree'})")
+    return Repo(Path(lines[0]), Path(lines[1]), lines[2])
 
 
 def default_base(repo: Repo) -> Base | Failure:
@@ -83,79 +95,76 @@ def resolve_base(repo: Repo, ref: str) -> Base | Failure:
     return Base(ref, res.text)
 
 
-def _read_gitdir(path: Path) -> Path | None:
-    # Read at creation, before any agent ran: later the pointer file is the agent's to rewrite.
+def init_git_dir(work_tree: Path, repo: Repo, branch: str, alternates: tuple[Path, ...] = ()) -> Failure | None:
+    """`work_tree/.git`, written whole by the host: no template (no hooks), git's default config only, HEAD
+    on `branch`, objects borrowed from `alternates` and then the main repo, the main repo's info/exclude."""
+    res = git(["init", "--quiet", "--template=", f"--object-format={repo.object_format}",
+               f"--initial-branch={branch}", "--", str(work_tree)])
+    if not res.ok:
+        return Failure(f"git init failed: {res.err}")
+    git_dir = work_tree / ".git"
     try:
-        text = (path / ".git").read_text(encoding="utf-8").strip()
-    except OSError:
-        return None
-    if not text.startswith("gitdir: "):
-        return None
-    gd = Path(text.removeprefix("gitdir: "))
-    return gd if gd.is_absolute() else (path / gd).resolve()
+        info = git_dir / "objects" / "info"
+        info.mkdir(parents=True, exist_ok=True)
+        (info / "alternates").write_text("".join(f"{p}\n" for p in (*alternates, repo.objects)))
+        exclude = repo.common_dir / "info" / "exclude"
+        if exclude.is_file():
+            (git_dir / "info").mkdir(exist_ok=True)
+            (git_dir / "info" / "exclude").write_bytes(exclude.read_bytes()[:1_000_000])
+    except OSError as exc:
+        return Failure(f"cannot write the job's git dir: {exc}")
+    return None
 
 
-def create(repo: Repo, job_id: str, ticket: str, base: Base, private_dir: Path) -> Worktree | Failure:
-    """Cut the worktree; `private_dir` (the job's own temp dir, outside every agent-writable root) keeps
-    the pristine index copy."""
+def checkout(git_dir: Path, work_tree: Path, rev: str) -> Failure | None:
+    """Populate `work_tree` (and `git_dir`'s index) with `rev`: git's own checkout with no config of the
+    repo's, so no filter runs; submodules stay empty directories."""
+    res = git(["read-tree", "--reset", "-u", rev], git_dir=git_dir, work_tree=work_tree, cwd=work_tree)
+    return None if res.ok else Failure(f"git checkout of {rev[:12]} failed: {res.err}")
+
+
+def set_ref(git_dir: Path, ref: str, sha: str) -> Failure | None:
+    res = git(["update-ref", "--no-deref", ref, sha], git_dir=git_dir)
+    return None if res.ok else Failure(f"git update-ref {ref} failed: {res.err}")
+
+
+def create(repo: Repo, job_id: str, ticket: str, base: Base) -> Worktree | Failure:
+    """The agent's worktree: the base checked out in a repository of the job's own, the job's branch at
+    the base, and (for the agent's `git diff <base>`) a branch of the base's name where it is one."""
     path = path_for(repo, job_id)
     branch = f"wt/{job_id}/{ticket}"
     if path.exists():
         return Failure(f"worktree path {path} already exists")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # The sha, not the ref, after `--`: what we validated is exactly what we cut from.
-    add = git(["worktree", "add", "--quiet", "-b", branch, "--", str(path), base.sha], cwd=repo.path)
-    if not add.ok:
-        return Failure(f"git worktree add failed: {add.err}")
-    gd = _read_gitdir(path)
-    if gd is None:
-        return Failure(f"new worktree {path} has no readable .git pointer")
-    pristine = private_dir / "index"
     try:
-        shutil.copyfile(gd / "index", pristine)
-        pointers = tuple((name, (gd / name).read_bytes()) for name in POINTER_FILES if (gd / name).exists())
+        path.mkdir(parents=True)
     except OSError as exc:
-        return Failure(f"cannot snapshot the new worktree's metadata: {exc}")
-    return Worktree(path, branch, base.ref, base.sha, gd, repo.common_dir, pristine, pointers)
+        return Failure(f"cannot create the worktree {path}: {exc}")
+    gd = path / ".git"
+    failure = (init_git_dir(path, repo, branch) or set_ref(gd, f"refs/heads/{branch}", base.sha)
+               or _base_name_ref(gd, base, branch) or checkout(gd, path, base.sha))
+    return failure or Worktree(path, branch, base.ref, base.sha, repo)
 
 
-def tampered_pointers(wt: Worktree) -> list[str]:
-    """Metadata files of the job that differ from creation (HEAD moving on a commit is expected)."""
-    out = []
-    for name, before in wt.pointers:
+def _base_name_ref(git_dir: Path, base: Base, branch: str) -> Failure | None:
+    try:
+        check_ref(base.ref)
+    except ValueError:
+        return None
+    if base.ref in ("HEAD", branch) or base.ref.startswith(("refs/", "wt/")) or len(base.ref) >= 40:
+        return None
+    return set_ref(git_dir, f"refs/heads/{base.ref}", base.sha)
+
+
+def remove_tree(path: Path) -> bool:
+    """Remove a directory the agent wrote (no symlink is followed; unreadable modes are undone first)."""
+
+    def fix(func, p, _exc):
         try:
-            now = (wt.git_dir / name).read_bytes()
+            os.chmod(os.path.dirname(p), 0o700)
+            os.chmod(p, 0o700)
+            func(p)
         except OSError:
-            now = None
-        if name == "HEAD":
-            if now is None or not now.startswith(b"ref: refs/heads/" + wt.branch.encode()):
-                out.append(f"{name} no longer names the job's branch")
-        elif now != before:
-            out.append(f"{name} was rewritten")
-    return out
+            pass
 
-
-def changed_files(wt: Worktree) -> list[str] | Failure:
-    """Every path that differs from the base: the agent's commits and its working tree, untracked included.
-
-    One `git status` against a private copy of the index as checkout wrote it (the base's tree, with
-    stat data, so only changed files are re-hashed): the agent's own index, where `--skip-worktree` hides
-    an edit, is never consulted. HEAD against that index gives what the agent committed, the index
-    against the tree what it left uncommitted. Ignored files do not count.
-    """
-    if wt.pristine_index is None:
-        return Failure("the worktree has no pristine index to compare against")
-    index = wt.pristine_index.with_name(f"index-{time.monotonic_ns()}")
-    try:
-        shutil.copyfile(wt.pristine_index, index)
-    except OSError as exc:
-        return Failure(f"cannot copy the private index: {exc}")
-    try:
-        status = git(["status", "--porcelain=v2", "-z", "--untracked-files=all"], cwd=wt.path,
-                     git_dir=wt.git_dir, work_tree=wt.path, common_dir=wt.common_dir, index_file=index)
-        if not status.ok:
-            return Failure(f"git status failed: {status.err or 'exit ' + str(status.code)}")
-        return list(dict.fromkeys(parse_status_v2_z(status.out)))
-    finally:
-        index.unlink(missing_ok=True)
-        index.with_name(index.name + ".lock").unlink(missing_ok=True)
+    shutil.rmtree(path, onerror=fix)
+    return not path.exists()

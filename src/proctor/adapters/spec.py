@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from proctor.adapters.output import READERS
+from proctor.confine.egress import parse_endpoint
 
 PLACEHOLDERS = ("{prompt}", "{prompt_file}", "{worktree}")
 _PLACEHOLDER_RE = re.compile(r"\{[a-z_]+\}")
@@ -49,7 +50,18 @@ class AdapterSpec(BaseModel):
     output: str = "text"
     version_args: tuple[str, ...] | None = None
     state_dirs: tuple[str, ...] = ()  # the CLI's own state, writable under confinement
-    network: bool = True  # needs its model API; confinement denies the network when False
+    # network = true: the agent's network is the host's egress proxy (proctor.confine.egress), which lets a
+    # CONNECT through only to an `egress` entry, "host[:port]" (port 443 unless given); a declared name that
+    # resolves to a loopback or private address is refused, a declared IP literal ("127.0.0.1:11434", a
+    # local model gateway) is the operator's explicit choice. network = true with no egress reaches nothing,
+    # and the result's gaps say so. network = false: no network at all (the proxy is not even bound in).
+    network: bool = True
+    egress: tuple[str, ...] = ()
+
+    @field_validator("egress")
+    @classmethod
+    def _egress(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(str(parse_endpoint(e)) for e in v)
 
     @field_validator("output")
     @classmethod
@@ -81,6 +93,8 @@ class AdapterSpec(BaseModel):
             raise ValueError('prompt = "file" needs a {prompt_file} placeholder in command')
         if self.prompt != "argv" and self.max_prompt_bytes is not None:
             raise ValueError("max_prompt_bytes applies to prompt = \"argv\" only")
+        if self.egress and not self.network:
+            raise ValueError("egress hosts need network = true")
         return self
 
 

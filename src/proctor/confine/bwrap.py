@@ -8,7 +8,9 @@ Measured here (research/sandbox.md 2d), and why each flag is not optional:
 - Even then uid 0 could write /proc/sys/kernel/core_pattern (a route to host root). Hence the read-only
   re-bind of /proc/sys.
 - `--unshare-all` gives a network namespace (UDP and TCP go nowhere) and a pid namespace (the tree dies
-  with its pid 1); `--share-net` only when the job may use the network.
+  with its pid 1). A job with the network gets it through the host's egress proxy (egress.py): its socket
+  is bound in on a private tmpfs and the namespace keeps only `lo`; `--share-net` (the whole host network,
+  loopback services included) only for a caller that gives no proxy socket, and the plan's gaps say so.
 """
 
 from __future__ import annotations
@@ -34,11 +36,24 @@ def _depth(path: Path) -> int:
     return len(path.parts)
 
 
-def bwrap_args(bwrap: str, req: ConfineRequest, extra_ro: tuple[Path, ...] = ()) -> list[str]:
+def egress_socket_inside(host_path: Path) -> Path:
+    """Where the host's egress proxy socket appears inside the sandbox: on a private tmpfs, so the agent
+    cannot replace it (a mount point cannot be unlinked or renamed over)."""
+    dirs = tmpfs_dirs()
+    if not dirs:
+        return host_path
+    return Path("/run" if "/run" in dirs else dirs[0]) / "proctor-egress.sock"
+
+
+def bwrap_args(bwrap: str, req: ConfineRequest, extra_ro: tuple[Path, ...] = (), *,
+               egress: bool = False) -> list[str]:
     """`bwrap ... --`; the caller appends the command. `extra_ro` are files the command itself needs
-    (the Landlock helper) that may sit under a path hidden by the private tmpfs."""
+    (the Landlock helper) that may sit under a path hidden by the private tmpfs. `egress`: the network is
+    the host's proxy only, so no `--share-net` (bwrap's own netns has just `lo`, brought up) and the proxy
+    socket `req.egress_socket` is bound in at egress_socket_inside()."""
     args = [bwrap, "--die-with-parent", "--new-session", "--unshare-all", "--unshare-user"]
-    if req.network:
+    shared = req.network and not egress
+    if shared:
         args.append("--share-net")
     args += ["--cap-drop", "ALL", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
              "--ro-bind", "/proc/sys", "/proc/sys"]
@@ -51,7 +66,10 @@ def bwrap_args(bwrap: str, req: ConfineRequest, extra_ro: tuple[Path, ...] = ())
         for h in req.hidden if h.exists()]
     mounts += [(p, ["--ro-bind-try", str(p), str(p)]) for p in (*req.readonly, *extra_ro)]
     mounts += [(p, ["--bind", str(p), str(p)]) for p in req.writable]
-    if req.network:
+    if egress and req.egress_socket is not None:
+        inside = egress_socket_inside(req.egress_socket)
+        mounts.append((inside, ["--bind", str(req.egress_socket), str(inside)]))
+    if shared:
         # A resolv.conf that points into /run (systemd-resolved) would vanish under the private /run.
         resolv = Path(os.path.realpath("/etc/resolv.conf"))
         if resolv.parts[:2] == ("/", "run"):

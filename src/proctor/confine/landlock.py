@@ -98,17 +98,20 @@ def _read_rules(hidden: tuple[Path, ...]) -> list[tuple[int, Path]]:
 
 
 def helper_args(helper: Path, req: ConfineRequest, version: int, private: tuple[Path, ...] = (),
-                *, netns: bool = False) -> list[str]:
-    """`helper FS NET SCOPED NETNS rules... --`; the caller appends the agent argv.
+                *, netns: bool = False, relay: tuple[int, str] | None = None) -> list[str]:
+    """`helper FS NET SCOPED NETNS [relay=PORT:SOCKET] rules... --`; the caller appends the agent argv.
 
     `private` are extra writable dirs that are this job's own mounts (bwrap's tmpfs /tmp, /var/tmp, /dev/shm).
     `netns` puts the agent in an empty network namespace first: without bwrap it is the only way to stop UDP.
+    `relay` (port, socket path as the helper sees it) starts the egress relay: the network stays "off" for
+    Landlock (TCP bind and connect handled) but for a connect to the relay's port, which the helper adds.
     """
     fs = handled_fs(version)
-    net = NET_BIND_TCP | NET_CONNECT_TCP if version >= 4 and not req.network else 0
+    net = NET_BIND_TCP | NET_CONNECT_TCP if version >= 4 and (not req.network or relay is not None) else 0
     scoped = SCOPE_ABSTRACT_UNIX | SCOPE_SIGNAL if version >= 6 else 0
     writable = fs & ~NEVER
-    rules = [_rule(mask, p, fs) for mask, p in _read_rules(req.hidden)]
+    rules = [f"relay={relay[0]}:{relay[1]}"] if relay is not None else []
+    rules += [_rule(mask, p, fs) for mask, p in _read_rules(req.hidden)]
     rules += [_rule(writable, p, fs) for p in req.writable]
     rules += [_rule(READ_FILE | WRITE_FILE | TRUNCATE | IOCTL_DEV, Path(d), fs) for d in DEVICE_FILES]
     rules += [_rule(writable, p, fs) for p in private]

@@ -14,9 +14,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, Protocol
 
-from proctor.confine.bwrap import bwrap_args, private_writable, tmpfs_dirs
+from proctor.confine.bwrap import bwrap_args, egress_socket_inside, private_writable, tmpfs_dirs
 from proctor.confine.detect import Capabilities
+from proctor.confine.egress import RELAY_PORT, proxy_env
 from proctor.confine.landlock import helper_args
+from proctor.confine.relay import relay_argv, system_python
 from proctor.confine.request import ConfinePlan, ConfineRequest, Confinement, Unavailable
 
 Mode = Literal["auto", "required", "off"]
@@ -33,20 +35,36 @@ def _inside(path: Path, root: Path) -> bool:
     return path != root and path.is_relative_to(root)
 
 
-def _gaps(req: ConfineRequest, bwrap: bool, landlock_abi: int, netns: bool) -> list[str]:
+def _gaps(req: ConfineRequest, bwrap: bool, landlock_abi: int, netns: bool, relay: bool) -> list[str]:
     gaps = ["reads are allowed everywhere but the hidden paths: secrets elsewhere (~/.ssh, cloud credentials) "
             "stay readable unless the adapter declares them hidden",
             "hard links planted by the host in the worktree are writable in every mode: the host must "
             "refuse to start on one (refuse_hard_links)",
-            "the object store is writable: the agent can add objects and rewrite existing loose ones its uid "
-            "owns (all of them when it runs as root; git fsck detects it)"]
-    if not req.network:
+            ]
+    proxy = req.network and req.egress_socket is not None
+    if not req.network or proxy:
         where = "outside /tmp, /run and /var/tmp" if bwrap else "anywhere"
         gaps.append(f"pathname unix sockets {where} stay connectable with network off (Landlock ABI < 9)")
-        if not bwrap and not netns:
+        if not bwrap and not netns and relay:
+            tcp = (f"and TCP to any host (Landlock ABI {landlock_abi} < 4)" if landlock_abi < 4
+                   else "and TCP to the relay's port on any address")
+            gaps.append("the network is open: without a network namespace (bwrap, or the helper as root) UDP "
+                        f"reaches every host, DNS and host loopback services included, {tcp}")
+        elif not bwrap and not netns:
             gaps.append("UDP is not blocked with network off (Landlock has no UDP rights; needs a netns)")
-        if not bwrap and not netns and landlock_abi < 4:
+        if not bwrap and not netns and not relay and landlock_abi < 4:
             gaps.append(f"TCP is not blocked with network off (Landlock ABI {landlock_abi} < 4)")
+    if proxy and not relay:
+        gaps.append("no egress relay (neither the Landlock helper nor a system python3): the agent has no "
+                    "network at all, not even its declared egress hosts")
+    elif proxy and not req.egress:
+        gaps.append("network is on but the adapter declares no egress hosts: the proxy refuses every connection")
+    elif proxy:
+        gaps.append(f"the declared egress hosts ({', '.join(req.egress)}) are reachable through the host's "
+                    "proxy: whatever the agent can read can be sent there")
+    elif req.network:
+        gaps.append("the whole network is reachable, loopback and private ranges included: no egress proxy "
+                    "was given")
     if not bwrap:
         if landlock_abi < 6:
             gaps.append(f"signals and abstract unix sockets are not scoped (Landlock ABI {landlock_abi} < 6)")
@@ -81,34 +99,58 @@ class LayeredConfiner:
             return Unavailable(f"writable roots must exist before a bind or a Landlock rule: {missing}")
         cmd = list(argv)
         abi = self.caps.landlock_abi if self.use_landlock else 0
+        # network + egress_socket: the agent's only way out is the host's proxy, through the helper's relay
+        # on 127.0.0.1 inside a network namespace that has nothing but loopback (egress.py).
+        proxy = req.network and req.egress_socket is not None
         # Without bwrap, root can still give the agent an empty network namespace (measured: Landlock
         # alone let a UDP packet through, research/sandbox.md 2c).
-        netns = self.use_landlock and not self.use_bwrap and not req.network and self.caps.helper_netns
+        netns = self.use_landlock and not self.use_bwrap and (not req.network or proxy) and self.caps.helper_netns
+        relay: tuple[int, str] | None = None
+        if proxy and self.use_landlock:
+            assert req.egress_socket is not None
+            if self.use_bwrap:
+                relay = (RELAY_PORT, str(egress_socket_inside(req.egress_socket)))
+            else:  # no netns: the relay shares the host's loopback, so any free port (the helper sets the env)
+                relay = (RELAY_PORT if netns else 0, str(req.egress_socket))
+            env.update(proxy_env(relay[0] or None))
+        elif proxy and self.use_bwrap and system_python():
+            # No helper (no compiler, or no Landlock): the system python3 relays instead, ~20 ms more.
+            assert req.egress_socket is not None
+            relay = (RELAY_PORT, str(egress_socket_inside(req.egress_socket)))
+            cmd = relay_argv(system_python() or "python3", *relay) + cmd
+            env.update(proxy_env(RELAY_PORT))
         if self.use_landlock:
             assert self.caps.helper is not None
             # Under bwrap the hidden paths are already empty mounts, and host paths that the read rules
             # would name (siblings under /tmp) do not exist inside: Landlock there reads from `/`.
             inner = replace(req, hidden=()) if self.use_bwrap else req
             private = private_writable() if self.use_bwrap else ()
-            cmd = helper_args(self.caps.helper, inner, abi, private, netns=netns) + cmd
+            cmd = helper_args(self.caps.helper, inner, abi, private, netns=netns, relay=relay) + cmd
         if self.use_bwrap:
             assert self.caps.bwrap is not None
             extra = (self.caps.helper,) if self.use_landlock and self.caps.helper else ()
-            cmd = bwrap_args(self.caps.bwrap, req, extra + exec_roots(argv)) + cmd
-        details = self._details(req, abi, netns)
-        return ConfinePlan(cmd, env, self.name, details, _gaps(req, self.use_bwrap, abi, netns))
+            cmd = bwrap_args(self.caps.bwrap, req, extra + exec_roots(argv), egress=proxy) + cmd
+        details = self._details(req, abi, netns, relay)
+        return ConfinePlan(cmd, env, self.name, details, _gaps(req, self.use_bwrap, abi, netns, relay is not None))
 
-    def _details(self, req: ConfineRequest, abi: int, netns: bool) -> dict[str, object]:
+    def _details(self, req: ConfineRequest, abi: int, netns: bool,
+                 relay: tuple[int, str] | None = None) -> dict[str, object]:
         layers = (("netns", self.use_bwrap or netns), ("landlock-tcp", abi >= 4))
         net = "+".join(n for n, on in layers if on)
+        proxy = req.network and req.egress_socket is not None
+        extra: dict[str, object] = {}
+        if proxy:
+            extra = {"egress": list(req.egress), "network_layers": net or "none",
+                     "relay": f"127.0.0.1:{relay[0] or 'any free port'}" if relay else None}
         return {
             "files": self.name,
-            "network": "open" if req.network else net,
+            "network": "proxy" if relay else net if proxy else "open" if req.network else net,
             "cleanup": "pidns" if self.use_bwrap else "runner",
             "landlock_abi": abi or None,
             "bwrap_version": self.caps.bwrap_version if self.use_bwrap else None,
             "uid": "0 in a user namespace, no capabilities" if self.use_bwrap and self.caps.uid == 0
             else f"{self.caps.uid}, no capabilities" if self.use_landlock else str(self.caps.uid),
+            **extra,
         }
 
 

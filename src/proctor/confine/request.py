@@ -31,6 +31,11 @@ class ConfineRequest:
     state_dirs: tuple[Path, ...] = ()
     network: bool = False
     hidden: tuple[Path, ...] = ()
+    # With `network`: the host's egress proxy (confine/egress.py) listening on this Unix socket becomes the
+    # agent's only way out; `egress` names the hosts it allows, for the plan's details and gaps only (the
+    # proxy enforces them). None keeps the old meaning of network = True: the whole network, reported as such.
+    egress_socket: Path | None = None
+    egress: tuple[str, ...] = ()
 
     @property
     def writable(self) -> tuple[Path, ...]:

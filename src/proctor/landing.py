@@ -1,0 +1,198 @@
+"""The tree that would land: built by the host from the content the agent left, committed, checked out fresh.
+
+Owns the step between the agent's exit and validation (DESIGN.md 9a). The agent's directory is hostile
+input by then: the host looks at it only with lstat and through git's own hashing of file content, in a
+git dir the host made (proctor.git says why that runs nothing the agent wrote). It never reads the
+agent's git dir, index, HEAD or refs, and never executes anything from the agent's directory.
+
+    scan(agent_dir)                       -> Scan: special files, nested repos, files over the size cap
+    build(agent_dir, review_dir, wt, ...) -> Landing | Failure: the job's commit on its branch, in a git dir
+                                             of its own at review_dir/.git, review_dir checked out fresh
+    checkout_copy(landing, dest, tree)    -> a throw-away checkout to validate in
+
+Why the content and not the agent's index or stat data: the agent's index can hide an edit
+(`--skip-worktree`), and stat data lied in review: a same-size rewrite within the checkout's second was
+missing from `changed_files` (the demo's own fix), because git compares mtimes to the second and a copied
+index no longer looks racy. The index here starts from the base's tree with no stat data at all, so git
+hashes every file.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from proctor.git import git
+from proctor.worktree import Failure, Worktree, checkout, init_git_dir, set_ref
+
+MAX_FILE_BYTES = 100 * 1024 * 1024  # a larger file is left out of the job's tree, and said so
+MAX_ENTRIES = 2_000_000
+COMMIT_ENV = {"GIT_AUTHOR_NAME": "proctor", "GIT_AUTHOR_EMAIL": "proctor@localhost",
+              "GIT_COMMITTER_NAME": "proctor", "GIT_COMMITTER_EMAIL": "proctor@localhost"}
+GITLINK = "160000"
+# Files git reads whole for its rules wherever it walks (a pathspec exclusion does not stop it reading a
+# directory's .gitignore): a special or oversized one is removed before git runs.
+CONTROL_FILES = frozenset({".gitignore", ".gitattributes", ".gitmodules"})
+MAX_CONTROL_BYTES = 1024 * 1024
+BARE_REPO = frozenset({"HEAD", "objects", "refs"})  # what git's discovery takes for a git dir
+
+
+@dataclass(frozen=True)
+class Scan:
+    special: tuple[str, ...] = ()  # FIFOs, sockets, devices: tamper (a FIFO hung the host in review)
+    nested: tuple[str, ...] = ()  # directories holding a `.git` of their own: left out
+    oversized: tuple[tuple[str, int], ...] = ()
+    unreadable: tuple[str, ...] = ()
+    entries: int = 0
+
+    @property
+    def left_out(self) -> tuple[str, ...]:
+        return (*self.special, *self.nested, *(p for p, _ in self.oversized), *self.unreadable)
+
+
+def scan(root: Path, *, max_file_bytes: int = MAX_FILE_BYTES, max_entries: int = MAX_ENTRIES) -> Scan | Failure:
+    """One lstat pass over the agent's directory (never following a link, never opening a file)."""
+    special: list[str] = []
+    nested: list[str] = []
+    oversized: list[tuple[str, int]] = []
+    unreadable: list[str] = []
+    entries = 0
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        try:
+            it = os.scandir(root / rel if rel else root)
+        except OSError:
+            unreadable.append(rel)
+            continue
+        with it:
+            children = list(it)
+        names = {c.name for c in children}
+        if rel and (".git" in names or BARE_REPO <= names):
+            # A `.git` inside: git would record a gitlink and look into the nested repo for its HEAD. A bare
+            # repo's layout: a reviewer's git run inside it would read its config (embedded bare repos).
+            nested.append(rel)
+            continue
+        for entry in children:
+            entries += 1
+            if entries > max_entries:
+                return Failure(f"the agent's worktree holds more than {max_entries} entries")
+            path = f"{rel}/{entry.name}" if rel else entry.name
+            if not rel and entry.name == ".git":
+                continue  # the agent's own git dir: never read
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                unreadable.append(path)
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                stack.append(path)
+            elif stat.S_ISREG(st.st_mode):
+                if st.st_size > (MAX_CONTROL_BYTES if entry.name in CONTROL_FILES else max_file_bytes):
+                    oversized.append((path, st.st_size))
+            elif not stat.S_ISLNK(st.st_mode):
+                special.append(path)
+    return Scan(tuple(sorted(special)), tuple(sorted(nested)), tuple(sorted(oversized)), tuple(sorted(unreadable)),
+                entries)
+
+
+@dataclass(frozen=True)
+class Landing:
+    commit: str
+    tree: str
+    base_sha: str
+    branch: str
+    git_dir: Path  # the job's own git dir (review_dir/.git): its objects are the job's objects
+    changed: list[str] = field(default_factory=list)
+    left_out_ignored: tuple[str, ...] = ()  # oversized files that were ignored anyway
+
+
+def _exclude_spec(paths: Sequence[str]) -> bytes:
+    specs = ["."] + [f":(exclude,literal,top){p}" for p in paths]
+    return b"\0".join(s.encode("utf-8", "surrogateescape") for s in specs)
+
+
+def _gitlinks(git_dir: Path, index: Path) -> list[str]:
+    res = git(["ls-files", "--stage", "-z"], git_dir=git_dir, index_file=index)
+    out = []
+    for entry in res.out.split(b"\0"):
+        if entry.startswith(GITLINK.encode() + b" "):
+            out.append(entry.split(b"\t", 1)[1].decode("utf-8", "surrogateescape"))
+    return out
+
+
+def build(agent_dir: Path, review_dir: Path, wt: Worktree, private_dir: Path, found: Scan,
+          message: str) -> Landing | Failure:
+    """Commit what the agent left (tracked and untracked, not ignored; hashed from content) on the job's
+    branch in a new git dir at `review_dir/.git`, parent the base, and check it out in `review_dir`.
+
+    Left out, whatever the agent did: the scan's special files, nested repos and oversized files, and
+    every gitlink of the base (a submodule pointer never moves through a job). Special files and oversized
+    control files are first removed from `agent_dir` (the host's now: the agent's tree is dead), since git
+    opens every .gitignore it walks past: a FIFO there hung git in review."""
+    for rel in (*found.special, *(p for p, _ in found.oversized if Path(p).name in CONTROL_FILES)):
+        try:
+            os.unlink(agent_dir / rel)  # unlink never opens: a FIFO cannot block it
+        except OSError as exc:
+            return Failure(f"cannot remove {rel!r} from the agent's directory: {exc}")
+    gd = review_dir / ".git"
+    failure = init_git_dir(review_dir, wt.repo, wt.branch)
+    if failure:
+        return failure
+    index = private_dir / "landing.index"
+    index.unlink(missing_ok=True)
+    read = git(["read-tree", wt.base_sha], git_dir=gd, index_file=index)
+    if not read.ok:
+        return Failure(f"git read-tree of the base failed: {read.err}")
+    excluded = [*found.left_out, *_gitlinks(gd, index)]
+    spec = private_dir / "landing.pathspec"
+    spec.write_bytes(_exclude_spec(excluded))
+    add = git(["add", "--all", f"--pathspec-from-file={spec}", "--pathspec-file-nul"],
+              git_dir=gd, work_tree=agent_dir, cwd=agent_dir, index_file=index)
+    if not add.ok:
+        return Failure(f"git add of the agent's files failed: {add.err[-500:]}")
+    tree = git(["write-tree"], git_dir=gd, index_file=index)
+    if not tree.ok:
+        return Failure(f"git write-tree failed: {tree.err}")
+    commit = git(["commit-tree", tree.text, "-p", wt.base_sha, "-m", message], git_dir=gd, env=COMMIT_ENV)
+    if not commit.ok:
+        return Failure(f"git commit-tree failed: {commit.err}")
+    failure = set_ref(gd, f"refs/heads/{wt.branch}", commit.text) or checkout(gd, review_dir, commit.text)
+    if failure:
+        return failure
+    changed = changed_paths(gd, wt.base_sha, commit.text)
+    if isinstance(changed, Failure):
+        return changed
+    ignored = _ignored(gd, agent_dir, index, [p for p, _ in found.oversized])
+    return Landing(commit.text, tree.text, wt.base_sha, wt.branch, gd, changed, ignored)
+
+
+def changed_paths(git_dir: Path, old: str, new: str) -> list[str] | Failure:
+    """Every path whose entry differs between two commits (both sides of a rename), from objects alone."""
+    res = git(["diff-tree", "-r", "-z", "--no-renames", "--name-only", "--no-commit-id", old, new], git_dir=git_dir)
+    if not res.ok:
+        return Failure(f"git diff-tree failed: {res.err}")
+    return [p.decode("utf-8", "surrogateescape") for p in res.out.split(b"\0") if p]
+
+
+def _ignored(git_dir: Path, work_tree: Path, index: Path, paths: list[str]) -> tuple[str, ...]:
+    if not paths:
+        return ()
+    res = git(["check-ignore", "-z", "--", *paths], git_dir=git_dir, work_tree=work_tree, cwd=work_tree,
+              index_file=index)
+    return tuple(p.decode("utf-8", "surrogateescape") for p in res.out.split(b"\0") if p)
+
+
+def checkout_copy(landing: Landing, wt: Worktree, dest: Path, rev: str | None = None) -> Failure | None:
+    """A throw-away checkout of `rev` (default: the job's commit) in `dest`, with a git dir of its own
+    borrowing the job's objects: validation runs agent code there, and nothing is read back from it."""
+    try:
+        dest.mkdir(parents=True)
+    except OSError as exc:
+        return Failure(f"cannot create the validation checkout {dest}: {exc}")
+    gd = dest / ".git"
+    return (init_git_dir(dest, wt.repo, wt.branch, alternates=(landing.git_dir / "objects",))
+            or set_ref(gd, f"refs/heads/{wt.branch}", landing.commit) or checkout(gd, dest, rev or landing.commit))
