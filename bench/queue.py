@@ -94,15 +94,17 @@ async def end_to_end(url: str, home: Path, host: str, signer, n_latency: int, n_
         job = await sender.publish(backend, s)
         raw = await next_result()
         t1 = time.time()
-        res = open_result(raw, trust, host=host, job_id=job.job_id)
+        res = open_result(raw, trust, host=host, job_id=job.job_id, envelope=job.digest)
         assert isinstance(res, SignedResult), res
         starts.append(res.started_at - t0)
         round_trips.append(t1 - t0)
 
     batch = build(n_jobs)
     t0 = time.perf_counter()
+    digests = {}
     for s in batch:
-        await sender.publish(backend, s)
+        sent = await sender.publish(backend, s)
+        digests[sent.job_id] = sent.digest
     enqueued = time.perf_counter() - t0
     raws = [await next_result() for _ in batch]
     elapsed = time.perf_counter() - t0
@@ -110,7 +112,7 @@ async def end_to_end(url: str, home: Path, host: str, signer, n_latency: int, n_
     verified = 0
     for raw in raws:
         job_id = json.loads(unseal(raw).body)["jobId"]  # which job it claims; open_result then binds it
-        res = open_result(raw, trust, host=host, job_id=job_id)
+        res = open_result(raw, trust, host=host, job_id=job_id, envelope=digests.get(job_id))
         verified += isinstance(res, SignedResult) and job_id in ids and res.result.status.value == "completed"
     await watcher.stop()
     await backend.close()

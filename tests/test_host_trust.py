@@ -355,3 +355,32 @@ def test_a_fifo_never_hangs_the_host(tmp_path, where):
         assert res.needs_human_review and "README.md" in res.changed_files
     assert_main_unchanged(repo, before)
     subprocess.run(["git", "worktree", "list"], cwd=repo, check=True, timeout=10, capture_output=True)
+
+
+# -- beyond the twelve: the version probe ----------------------------------------------------------------
+
+@needs_confinement
+def test_version_probe_runs_confined_what_a_job_rewrote_in_its_state_dir(tmp_path, monkeypatch):
+    repo = make_repo(tmp_path, {"README.md": "hello\n"})
+    state = Path(os.environ["HOME"]) / ".fakecli"
+    (state / "bin").mkdir(parents=True)
+    exe = state / "bin" / "fakecli"
+    marker = Path(os.environ["HOME"]).parent / "probe-ran-unconfined"  # outside every root of the job
+    evil = f"#!/bin/sh\necho pwned > {marker}\necho 6.6.6\n"
+    exe.write_text(f"#!/bin/sh\n[ \"$1\" = --version ] && {{ echo 1.0.0; exit 0; }}\n"
+                   f"printf %s {shlex.quote(evil)} > {exe}\necho e > README.md\n")
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{exe.parent}{os.pathsep}{os.environ['PATH']}")
+    cfg = tmp_path / "fakecli.toml"
+    cfg.write_text('confine = "required"\n[agents.fakecli]\ncommand = ["fakecli"]\nprompt = "stdin"\n'
+                   'network = false\nstate_dirs = ["~/.fakecli"]\nversion_args = ["--version"]\n')
+    req = RunAgentRequest(agent="fakecli", task="t", repo=str(repo), ticket="T", validateCommand="true")
+    first = run_agent(req, config=load_config(cfg))
+    assert first.agent_version == "1.0.0" and "pwned" in exe.read_text(), first
+    assert any("inside its writable state dirs" in r for r in first.known_risks)
+    second = run_agent(req, config=load_config(cfg))
+    assert not marker.exists(), "the host ran the rewritten CLI unconfined"
+    assert second.agent_version == "6.6.6", "the probe ran (confined) and was not served from a stale cache"
+    # control: the same file run as the old probe did (plain, on the host) writes the marker
+    subprocess.run([str(exe), "--version"], check=True, capture_output=True)
+    assert marker.exists()

@@ -23,6 +23,7 @@ from proctor.queue.jetstream import JetStreamBackend
 from proctor.queue.kinds import NoopRunner
 from proctor.queue.listener import Listener, Settings
 from proctor.queue.memory import MemoryBackend
+from proctor.queue.sent import SentStore
 from proctor.queue.signers import load_trust
 from proctor.queue.store import JobStore
 from proctor.queue.testing import trusted_home
@@ -36,7 +37,7 @@ def api(tmp_path_factory):
     home = tmp_path_factory.mktemp("http-home")
     trusted_home(home)
     handle = server.start(tmp_path_factory.mktemp("nats") / "store")
-    app = create_app(lambda: JetStreamBackend.connect(handle.url), load_trust(home))
+    app = create_app(lambda: JetStreamBackend.connect(handle.url), load_trust(home), SentStore(home))
     port = server.free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)

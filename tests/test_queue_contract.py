@@ -15,7 +15,7 @@ import pytest
 from proctor.contract import Code, RunAgentResult, Status
 from proctor.ledger import Ledger
 from proctor.queue import sender, server
-from proctor.queue.envelope import EnvelopeError, canonical_json, job_fields, seal
+from proctor.queue.envelope import EnvelopeError, canonical_json, envelope_digest, job_fields, seal
 from proctor.queue.jetstream import JetStreamBackend, job_subject
 from proctor.queue.kinds import NoopRunner
 from proctor.queue.listener import Listener, Settings
@@ -105,7 +105,15 @@ def test_each_bad_job_is_refused_recorded_and_answered_and_each_control_runs(nat
                 await client.put_job(fields["jobId"], json.dumps({"target": subject_host, "lane": "default",
                                                                   "kind": fields["kind"]}).encode())
                 await client.publish(subject_host, "default", fields["jobId"], sealed.to_wire())
-                return await sender.wait(client, trust, fields["jobId"], 10)
+                if fields["target"] != subject_host:
+                    # Mistargeted: the sender's own envelope names another host, so no answer from this one
+                    # is ever accepted as its result; read the refusal this host signed, bound to the envelope.
+                    from proctor.queue.results import open_result
+
+                    raw = await client.wait_result(f"{subject_host}.{fields['jobId']}", 10)
+                    return open_result(raw, trust, host=subject_host, job_id=fields["jobId"],
+                                       envelope=envelope_digest(sealed.body))
+                return await sender.wait(client, trust, sealed, 10)
 
             out = {}
             out["control"] = await submit(*signed(th.sender))
@@ -129,7 +137,8 @@ def test_each_bad_job_is_refused_recorded_and_answered_and_each_control_runs(nat
             await client.nc.jetstream().publish(job_subject(host, "default"), s.to_wire())
             replay_key = None
             for _ in range(200):
-                keys_ = [k for k in await client.kv["proctor_results"].keys() if k.startswith(f"{host}.{f['jobId']}.")]
+                keys_ = [k for k in await client.kv["proctor_results"].keys()
+                         if k.startswith(f"{host}.{f['jobId']}.replay-")]
                 if keys_:
                     replay_key = keys_[0]
                     break
@@ -137,8 +146,9 @@ def test_each_bad_job_is_refused_recorded_and_answered_and_each_control_runs(nat
             assert replay_key is not None, "the replay was never answered"
             from proctor.queue.results import open_result
 
-            out["replayed"] = open_result(await client.get_result(replay_key), trust, host=host, job_id=f["jobId"])
-            out["after_replay"] = await sender.wait(client, trust, f["jobId"], 1)
+            out["replayed"] = open_result(await client.get_result(replay_key), trust, host=host, job_id=f["jobId"],
+                                          envelope=envelope_digest(s.body))
+            out["after_replay"] = await sender.wait(client, trust, s, 1)
             # The same bytes re-sent with the same Nats-Msg-Id are dropped by the server's dedupe window.
             await client.publish(host, "default", f["jobId"], s.to_wire())
             await asyncio.sleep(0.5)
@@ -174,7 +184,8 @@ def test_results_are_signed_by_the_host_and_a_tampered_one_is_rejected(nats_url,
             body = json.loads(base64.b64decode(raw["body"]))
             body["result"]["summary"] = "all good, trust me"
             raw["body"] = base64.b64encode(canonical_json(body)).decode()
-            await client.put_result(f"{host}.{job.job_id}", json.dumps(raw).encode())
+            for key in (f"{host}.{job.job_id}", f"{host}.{job.job_id}.env-{job.digest[:32]}"):
+                await client.put_result(key, json.dumps(raw).encode())
             bad = await sender.wait(client, trust, job.job_id, 1)
             status = await sender.status(client, trust, job.job_id)
             return good, bad, status
@@ -213,7 +224,7 @@ def test_cancel_before_start_answers_cancelled(nats_url, proctor_home):
         client = await JetStreamBackend.connect(nats_url)
         (sealed,) = sender.build(targets=[host], kind="run_agent", lane="default", payload=PAYLOAD, signer=th.sender)
         job = await sender.publish(client, sealed)
-        assert await sender.cancel(client, job.job_id, "not needed")
+        assert await sender.cancel(client, job.job_id, "not needed", signer=th.sender)
         await client.close()
         async with listening(nats_url, proctor_home, host, runner) as client:
             return await sender.wait(client, trust, job.job_id, 10)

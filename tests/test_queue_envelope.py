@@ -114,21 +114,26 @@ def test_forged_signature_is_refused(proctor_home):
     assert isinstance(got, Refused) and got.code is Refusal.FORGED and not got.authentic
 
 
-def test_result_is_bound_to_host_and_job_and_tamper_is_rejected(proctor_home):
+def test_result_is_bound_to_host_job_and_envelope_and_tamper_is_rejected(proctor_home):
     th = trusted_home(proctor_home)
     trust = load_trust(proctor_home)
     result = RunAgentResult(status=Status.completed, summary="ok", agent="fake")
-    raw = seal_result(job_id="j1", host="hostA", result=result, signer=th.host).to_wire()
-    ok = open_result(raw, trust, host="hostA", job_id="j1")
-    assert not isinstance(ok, EnvelopeError) and ok.result.status is Status.completed
-    assert open_result(raw, trust, host="hostA", job_id="j2").code == "MISMATCHED"
+    raw = seal_result(job_id="j1", host="hostA", result=result, signer=th.host, envelope="d" * 64).to_wire()
+    ok = open_result(raw, trust, host="hostA", job_id="j1", envelope="d" * 64)
+    assert not isinstance(ok, EnvelopeError) and ok.result.status is Status.completed and ok.envelope == "d" * 64
+    assert open_result(raw, trust, host="hostA", job_id="j2", envelope="d" * 64).code == "MISMATCHED"
+    assert open_result(raw, trust, host="hostB", job_id="j1", envelope="d" * 64).code == "MISMATCHED"
+    # Same host, same job id, another envelope (say a noop that reused the id): not this envelope's answer.
+    assert open_result(raw, trust, host="hostA", job_id="j1", envelope="e" * 64).code == "MISMATCHED"
+    unbound = seal_result(job_id="j1", host="hostA", result=result, signer=th.host, envelope=None).to_wire()
+    assert open_result(unbound, trust, host="hostA", job_id="j1", envelope="d" * 64).code == "UNBOUND"
     doc = json.loads(raw)
     body = json.loads(base64.b64decode(doc["body"]))
     body["result"]["status"] = "failed"
     doc["body"] = base64.b64encode(canonical_json(body)).decode()
-    assert open_result(json.dumps(doc).encode(), trust, host="hostA", job_id="j1").code == "FORGED"
-    by_stranger = seal_result(job_id="j1", host="hostA", result=result, signer=th.stranger).to_wire()
-    assert open_result(by_stranger, trust, host="hostA", job_id="j1").code == "FORGED"
+    assert open_result(json.dumps(doc).encode(), trust, host="hostA", job_id="j1", envelope="d" * 64).code == "FORGED"
+    by_stranger = seal_result(job_id="j1", host="hostA", result=result, signer=th.stranger, envelope="d" * 64).to_wire()
+    assert open_result(by_stranger, trust, host="hostA", job_id="j1", envelope="d" * 64).code == "FORGED"
 
 
 def test_sender_rejects_a_malformed_payload_before_enqueue(proctor_home):

@@ -177,8 +177,11 @@ def test_an_authentic_refusal_never_overwrites_a_finished_result(proctor_home):
         # Control: the same kind of refusal for a job with no result yet is answered.
         f2 = job_fields(kind="noop", target="hostA", lane="default", payload={}, signer_kid=th.sender.kid, ttl_s=60)
         await backend.publish_raw("hostA", "gpu", seal(f2, th.sender).to_wire())
-        control = open_result(await backend.wait_result(f"hostA.{f2['jobId']}", 5), trust, host="hostA",
-                              job_id=f2["jobId"])
+        while not (keys_ := [k for k in backend.kv.get("results", {}) if k.startswith(f"hostA.{f2['jobId']}.")]):
+            await asyncio.sleep(0.01)
+        control = open_result(await backend.get_result(keys_[0]), trust, host="hostA", job_id=f2["jobId"],
+                              envelope=envelope.envelope_digest(seal(f2, th.sender).body))
+        assert keys_[0].startswith(f"hostA.{f2['jobId']}.misrouted-")  # a fact about the copy, not the job
         await asyncio.sleep(0.3)
         after = await sender.wait(backend, trust, job.job_id, 1)
         after_raw = await backend.get_result(f"hostA.{job.job_id}")

@@ -70,7 +70,7 @@ def test_nonce_replay_is_a_new_message_not_a_redelivery(tmp_path):
 def test_migrations_apply_once(tmp_path):
     JobStore(tmp_path / "q.sqlite3").close()
     store = JobStore(tmp_path / "q.sqlite3")
-    assert [r[0] for r in store.db.execute("SELECT id FROM migrations")] == [1, 2, 3]
+    assert [r[0] for r in store.db.execute("SELECT id FROM migrations")] == [1, 2, 3, 4]
 
 
 class SlowRunner:
@@ -132,7 +132,7 @@ def test_cancel_flag_stops_a_running_job_with_code_cancelled(proctor_home):
         task = asyncio.create_task(listener.serve(stop))
         while not listener.running:
             await asyncio.sleep(0.01)
-        assert await sender.cancel(backend, job.job_id, "changed my mind")
+        assert await sender.cancel(backend, job.job_id, "changed my mind", signer=th.sender)
         res = await sender.wait(backend, load_trust(proctor_home), job.job_id, 5)
         stop.set()
         await task
@@ -163,6 +163,7 @@ def test_replay_on_memory_backend_keeps_the_original_answer(proctor_home):
 
     first, replay_raw, main_raw, job = asyncio.run(go())
     assert first.result.status is Status.completed
-    replay = open_result(replay_raw, load_trust(proctor_home), host="hostA", job_id=job.job_id)
+    replay = open_result(replay_raw, load_trust(proctor_home), host="hostA", job_id=job.job_id, envelope=job.digest)
     assert replay.refusal == "REPLAYED" and replay.result.status is Status.failed
-    assert open_result(main_raw, load_trust(proctor_home), host="hostA", job_id=job.job_id).refusal is None
+    assert open_result(main_raw, load_trust(proctor_home), host="hostA", job_id=job.job_id,
+                       envelope=job.digest).refusal is None

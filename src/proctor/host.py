@@ -22,7 +22,7 @@ from pathlib import Path
 
 from proctor import cgroup, confine, frozen, landing, validate, worktree
 from proctor.adapters.spec import AdapterSpec, Invocation, Refused, build
-from proctor.agent_version import agent_version
+from proctor.agent_version import VERSION_TIMEOUT_S, agent_version, executable, inside
 from proctor.attempts import run_attempts
 from proctor.breaker import Breaker, signal_for
 from proctor.config import Config, ConfigError, load_config
@@ -30,7 +30,7 @@ from proctor.confine.egress import EgressProxy
 from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status
 from proctor.git import unredirected_env
 from proctor.ledger import Ledger
-from proctor.process import LocalRunner, ProcessRunner
+from proctor.process import LocalRunner, ProcessRunner, Spawn
 from proctor.progress import NullProgress, Progress
 from proctor.stop import StopSwitch
 
@@ -79,6 +79,10 @@ class _Job:
     mode: str = "auto"
     # Set once the agent's plan is made; validation runs under the same confiner, network off.
     confiner: confine.Confiner | None = None
+    # The agent's directory once it exited, taken aside and made exactly a tree; validation runs there.
+    work: Path = Path()
+    index: Path = Path()
+    state_dirs: tuple[Path, ...] = ()  # the adapter's, resolved: writable by every job of that adapter
     egress: EgressProxy | None = None  # the host-run proxy to the adapter's declared hosts, while the agent runs
 
 
@@ -218,6 +222,7 @@ def _in_worktree(job: _Job, repo: worktree.Repo, base: worktree.Base, confiner: 
         job.risks.append(wt.reason)
         return
     result.worktree_path, result.branch = str(wt.path), wt.branch
+    job.work, job.index = wt.path.with_name(f".{wt.path.name}.work"), job.host_tmp / "work.index"
     # Decided on the fresh checkout of the base, before the agent runs: the agent must not pick its own test.
     plan = validate.given(req.validate_command) if req.validate_command else validate.detect(wt.path)
 
@@ -229,7 +234,7 @@ def _in_worktree(job: _Job, repo: worktree.Repo, base: worktree.Base, confiner: 
     result.confinement = cplan.confinement
     result.confinement_details = {**cplan.details, "gaps": cplan.gaps}
     agent_env = {**env, **cplan.env}
-    result.agent_version = agent_version(spec, {**env, "TMPDIR": str(job.agent_tmp)}, job.agent_tmp)
+    result.agent_version = _probe_version(job, confiner, wt, env)
 
     try:
         out = run_attempts(spec=spec, argv=cplan.argv, stdin=inv.stdin, env=agent_env, cwd=wt.path,
@@ -247,13 +252,17 @@ def _in_worktree(job: _Job, repo: worktree.Repo, base: worktree.Base, confiner: 
 
     job.progress.phase("building the job's tree")
     landed = _land(job, wt, result)
-    if landed is None:
-        return
-    touched = frozen.test_defining(landed.changed)
-    if touched:
-        job.risks.append(f"the agent changed files that define the tests: {_names(touched)}")
-    if result.status is Status.completed:
-        _validate(job, wt, landed, plan, env, result, touched)
+    dirty = False
+    try:
+        if landed is not None:
+            touched = frozen.test_defining(landed.changed)
+            if touched:
+                job.risks.append(f"the agent changed files that define the tests: {_names(touched)}")
+            if result.status is Status.completed:
+                dirty = True
+                _validate(job, wt, landed, plan, env, result, touched)
+    finally:
+        _review_checkout(job, wt, landed, dirty)
 
 
 def _names(paths: list[str], most: int = 5) -> str:
@@ -262,32 +271,29 @@ def _names(paths: list[str], most: int = 5) -> str:
 
 
 def _land(job: _Job, wt: worktree.Worktree, result: RunAgentResult) -> landing.Landing | None:
-    """Move the agent's directory aside, commit its content on the job's branch in a fresh checkout at
-    the same path (the review surface: nothing the agent wrote is there but file content), delete the rest.
+    """Take the agent's directory aside, commit its content on the job's branch in a git dir the host makes
+    (at the review path, which holds nothing else yet), and make the directory exactly that commit's tree.
     Nothing of the agent's directory is read but through lstat and git's hashing of regular files."""
-    agent_dir = wt.path.with_name(f".{wt.path.name}.agent")
     try:
-        os.rename(wt.path, agent_dir)
+        os.rename(wt.path, job.work)
         wt.path.mkdir()
     except OSError as exc:
         result.status, result.code = Status.failed, Code.HOST_ERROR
         job.risks.append(f"could not take the agent's worktree for review: {exc}")
         return None
-    try:
-        found = landing.scan(agent_dir)
-        if isinstance(found, worktree.Failure):
-            result.status, result.code = Status.failed, Code.TAMPERED
-            job.risks.append(f"the job's tree was not built: {found.reason}")
-            return None
-        _report_scan(job, found, result)
-        built = landing.build(agent_dir, wt.path, wt, job.host_tmp, found,
-                              f"proctor job {job.job_id} ({job.request.agent}): {job.request.ticket}\n")
-    finally:
-        if not worktree.remove_tree(agent_dir):
-            job.risks.append(f"the agent's scratch directory {agent_dir} could not be removed")
-    if isinstance(built, worktree.Failure):
+    found = landing.scan(job.work)
+    if isinstance(found, worktree.Failure):
+        result.status, result.code = Status.failed, Code.TAMPERED
+        job.risks.append(f"the job's tree was not built: {found.reason}")
+        return None
+    _report_scan(job, found, result)
+    built = landing.build(job.work, wt.path / ".git", wt, job.host_tmp, found,
+                          f"proctor job {job.job_id} ({job.request.agent}): {job.request.ticket}\n")
+    made = built if isinstance(built, worktree.Failure) else landing.materialise(
+        job.work, built.git_dir, built.tree, job.index)
+    if isinstance(built, worktree.Failure) or made is not None:
         result.status, result.code = Status.failed, Code.HOST_ERROR
-        job.risks.append(f"the job's tree was not built: {built.reason}")
+        job.risks.append(f"the job's tree was not built: {(made or built).reason}")
         return None
     big = [(p, n) for p, n in found.oversized if p not in built.left_out_ignored]
     if big:
@@ -302,6 +308,28 @@ def _land(job: _Job, wt: worktree.Worktree, result: RunAgentResult) -> landing.L
                                    "changed": len(built.changed), "left_out": list(found.left_out)[:50]},
                       job_id=job.job_id)
     return built
+
+
+def _review_checkout(job: _Job, wt: worktree.Worktree, landed: landing.Landing | None, dirty: bool) -> None:
+    """The review surface at the job's path: the work directory made exactly the job's commit once more
+    (validation ran agent code in it), with the job's git dir moved in. Until this rename the path holds
+    only that git dir, so a crash never leaves agent-written files where a person reviews."""
+    if landed is None:
+        if not worktree.remove_tree(job.work):
+            job.risks.append(f"the agent's scratch directory {job.work} could not be removed")
+        return
+    made = landing.materialise(job.work, landed.git_dir, landed.tree, job.index) if dirty else None
+    failure = made or landing.fresh_index_copy(job.index, landed.git_dir)
+    if failure is None:
+        try:
+            os.rename(landed.git_dir, job.work / ".git")
+            os.rmdir(wt.path)
+            os.rename(job.work, wt.path)
+        except OSError as exc:
+            failure = worktree.Failure(f"cannot move the review checkout in place: {exc}")
+    if failure is not None:
+        job.risks.append(f"the review checkout was not made: {failure.reason}")
+        worktree.remove_tree(job.work)
 
 
 def _report_scan(job: _Job, found: landing.Scan, result: RunAgentResult) -> None:
@@ -334,6 +362,7 @@ def _confine(job: _Job, confiner: confine.Confiner, wt: worktree.Worktree, argv:
             return confine.Unavailable(f"state_dirs entry {raw!r} of agent {spec.name!r} is not a directory")
         d.mkdir(parents=True, exist_ok=True)
         state_dirs.append(d)
+    job.state_dirs = tuple(state_dirs)
     roots = confine.job_roots(wt.path, job.agent_tmp, state_dirs, readonly=_main_repo(wt), network=spec.network)
     if isinstance(roots, confine.Unavailable):
         return roots
@@ -371,6 +400,29 @@ def _stop_egress(job: _Job) -> None:
     if job.egress.callback_errors:
         job.risks.append(f"network requests were refused because their ledger row failed: "
                          f"{job.egress.callback_errors[0]}")
+
+
+def _probe_version(job: _Job, confiner: confine.Confiner, wt: worktree.Worktree, env: dict[str, str]) -> str | None:
+    """`CLI --version`, confined like the agent (network off, nothing writable but a scratch dir), in the
+    job's cgroup and under the stop switch: it runs code a previous job may have written."""
+    exe = executable(job.spec, env)
+    if exe is not None and job.state_dirs and inside(exe, job.state_dirs):
+        job.risks.append(f"the agent's executable {exe} is inside its writable state dirs: a job can rewrite "
+                         "what the next job runs")
+    scratch = job.agent_tmp / "version-probe"
+    roots = confine.job_roots(scratch, scratch, readonly=_main_repo(wt), network=False)
+
+    def probe(argv: list[str]) -> tuple[int | None, bytes, bytes]:
+        if isinstance(roots, confine.Unavailable):
+            return None, b"", b""
+        plan = confiner.wrap(argv, roots)
+        if isinstance(plan, confine.Unavailable):
+            return None, b"", b""
+        ex = job.runner.run(Spawn(argv=plan.argv, cwd=scratch, env={**env, **plan.env}, deadline_s=VERSION_TIMEOUT_S,
+                                  name=f"version-{job.job_id}", poll=_poll(job), tail_bytes=64_000))
+        return ex.exit_code, ex.stdout, ex.stderr
+
+    return agent_version(job.spec, env, probe, job.state_dirs)
 
 
 def _main_repo(wt: worktree.Worktree) -> tuple[Path, ...]:
@@ -415,9 +467,9 @@ def _poll(job: _Job) -> Callable[[], str | None]:
 
 def _validate(job: _Job, wt: worktree.Worktree, landed: landing.Landing, plan: validate.Plan, env: dict[str, str],
               result: RunAgentResult, touched: list[str]) -> None:
-    """Validate exactly the tree that would land, in a throw-away checkout of the job's commit (ignored
-    files the agent left never exist there); with test-defining files touched, once more on the job's
-    tree with the base's versions of them, whose failure is a risk (the task may have been to change a test)."""
+    """Validate exactly the tree that would land: the work directory made exactly the job's commit (ignored
+    files the agent left are gone); with test-defining files touched, once more made the job's tree with the
+    base's versions of them, whose failure is a risk (the task may have been to change a test)."""
     if not plan.steps:
         job.risks.append(plan.skipped_reason or "validation skipped")
         return
@@ -464,17 +516,16 @@ def _judge(job: _Job, run: validate.Run, result: RunAgentResult, suffix: str) ->
 
 def _validation_run(job: _Job, wt: worktree.Worktree, landed: landing.Landing, plan: validate.Plan,
                     env: dict[str, str], name: str, tree: str | None) -> validate.Run | None:
-    checkout = wt.path.with_name(f".{wt.path.name}.{name}")
+    """One validation in the work directory, made `tree` first (when not the job's own, already there),
+    with a throw-away `.git`; the job's git dir (at the review path) is read-only to it."""
     tmpdir = job.host_tmp / f"{name}-tmp"
-    try:
-        made = landing.checkout_copy(landed, wt, checkout, tree)
-        if made is not None:
-            job.risks.append(f"validation not run: {made.reason}")
-            return None
-        confined = _confined_validation(job, plan, checkout, (*_main_repo(wt), wt.path), tmpdir)
-        if confined is None:
-            return None
-        return validate.run(confined, job.runner, cwd=checkout, env={**env, "TMPDIR": str(tmpdir)},
-                            timeout_s=job.config.validate_timeout, name=f"{name}-{job.job_id}", poll=_poll(job))
-    finally:
-        worktree.remove_tree(checkout)
+    made = (landing.materialise(job.work, landed.git_dir, tree, job.index) if tree is not None else None) \
+        or landing.scratch_git_dir(job.work, landed, wt, job.index)
+    if made is not None:
+        job.risks.append(f"validation not run: {made.reason}")
+        return None
+    confined = _confined_validation(job, plan, job.work, (*_main_repo(wt), wt.path), tmpdir)
+    if confined is None:
+        return None
+    return validate.run(confined, job.runner, cwd=job.work, env={**env, "TMPDIR": str(tmpdir)},
+                        timeout_s=job.config.validate_timeout, name=f"{name}-{job.job_id}", poll=_poll(job))

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from proctor.queue import sender
 from proctor.queue.backend import QueueBackend, check_name, valid_job_id
 from proctor.queue.envelope import EnvelopeError, Sealed, unseal, verify
+from proctor.queue.sent import SentStore
 from proctor.queue.signers import TrustStore
 
 MAX_WAIT_S = 60.0
@@ -56,8 +57,14 @@ class Problem(BaseModel):
     detail: Any
 
 
-def create_app(backend_factory: Callable[[], Awaitable[QueueBackend]], trust: TrustStore) -> FastAPI:
+def create_app(
+    backend_factory: Callable[[], Awaitable[QueueBackend]], trust: TrustStore, sent: SentStore | None = None
+) -> FastAPI:
+    """`sent`: where this API records the envelopes it accepted (default: `$PROCTOR_HOME/queue-sent`). A job's
+    state and result are bound to that record (the host its envelope named, its digest), never to the job
+    record on the queue server, which anyone reaching the server can rewrite."""
     state: dict[str, QueueBackend] = {}
+    sent_store = sent or SentStore()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -98,14 +105,14 @@ def create_app(backend_factory: Callable[[], Awaitable[QueueBackend]], trust: Tr
         if problems:
             raise HTTPException(422, problems)
         try:
-            done = await sender.publish(state["backend"], Sealed(env.alg, env.body, env.sig))
+            done = await sender.publish(state["backend"], Sealed(env.alg, env.body, env.sig), sent=sent_store)
         except Exception as exc:  # noqa: BLE001 - the queue is down or refused: the client may retry
             raise HTTPException(503, f"the queue did not accept the job: {type(exc).__name__}: {exc}") from None
         return Accepted(jobId=done.job_id, target=done.target, lane=done.lane, kind=done.kind)
 
     @app.get("/v1/jobs/{job_id}", response_model=JobState, responses=errors)
     async def get_job(job_id: str = JOB_ID) -> dict[str, Any]:
-        out = await sender.status(state["backend"], trust, job_id)
+        out = await sender.status(state["backend"], trust, job_id, sent=sent_store)
         if out is None:
             raise HTTPException(404, f"no job {job_id}")
         return out
@@ -114,11 +121,11 @@ def create_app(backend_factory: Callable[[], Awaitable[QueueBackend]], trust: Tr
     async def get_result(
         job_id: str = JOB_ID, wait: float = Query(0.0, ge=0.0, le=MAX_WAIT_S, description="Seconds to wait.")
     ) -> Any:
-        res = await sender.wait(state["backend"], trust, job_id, wait)
+        res = await sender.wait(state["backend"], trust, job_id, wait, sent=sent_store)
         if isinstance(res, EnvelopeError) and res.code == "UNKNOWN_JOB":
-            raise HTTPException(404, f"no job {job_id}")
-        if res is None:
-            out = await sender.status(state["backend"], trust, job_id)
+            raise HTTPException(404, f"no job {job_id} was accepted by this API")
+        if res is None or not isinstance(res, sender.SignedResult):
+            out = await sender.status(state["backend"], trust, job_id, sent=sent_store)
             return JSONResponse(status_code=202, content=out)
         return {"jobId": job_id, **sender.result_view(res)}
 

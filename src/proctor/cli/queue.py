@@ -107,14 +107,16 @@ def job_options(f: Any) -> Any:
     return f
 
 
-async def _enqueue(url: str, targets: str, kind: str, lane: str, payload: Any, signer: Any, ttl_s: float) -> list[str]:
+async def _enqueue(
+    url: str, targets: str, kind: str, lane: str, payload: Any, signer: Any, ttl_s: float
+) -> list[sender.Enqueued]:
     built = sender.build(targets=[t.strip() for t in targets.split(",") if t.strip()], kind=kind, lane=lane,
                          payload=payload, signer=signer, ttl_s=ttl_s)
     if isinstance(built, sender.Rejected):
         fail("job rejected:\n  " + "\n  ".join(built.errors))
     backend = await connect(url)
     try:
-        return [(await sender.publish(backend, s)).job_id for s in built]
+        return [await sender.publish(backend, s) for s in built]
     except Exception as exc:  # noqa: BLE001 - a broker that refuses or times out is one clear message
         fail(f"could not enqueue on the queue at {url}: {type(exc).__name__}: {exc}")
     finally:
@@ -126,8 +128,8 @@ async def _enqueue(url: str, targets: str, kind: str, lane: str, payload: Any, s
 def enqueue_cmd(targets, kind, lane, payload_file, key_name, ttl_s, queue_url) -> None:
     """Sign and enqueue a job for each target; print one job id per line."""
     url = resolve_queue(queue_url)
-    for job_id in asyncio.run(_enqueue(url, targets, kind, lane, _load_payload(payload_file), _signer(key_name), ttl_s)):
-        click.echo(job_id)
+    for job in asyncio.run(_enqueue(url, targets, kind, lane, _load_payload(payload_file), _signer(key_name), ttl_s)):
+        click.echo(job.job_id)
 
 
 @main.command("send")
@@ -140,12 +142,14 @@ def send_cmd(targets, kind, lane, payload_file, key_name, ttl_s, queue_url, wait
     trust = _trust()
 
     async def go() -> tuple[list[dict[str, Any]], bool]:
-        ids = await _enqueue(url, targets, kind, lane, payload, signer, ttl_s)
+        jobs = await _enqueue(url, targets, kind, lane, payload, signer, ttl_s)
         backend = await connect(url)
         try:
             outs, ok = [], True
-            for job_id in ids:
-                res = await sender.wait(backend, trust, job_id, wait_s)
+            for job in jobs:
+                job_id = job.job_id
+                # Bound to the envelope just sent (its digest and the host it named), never to a record.
+                res = await sender.wait(backend, trust, job, wait_s)
                 if res is None:
                     outs.append({"jobId": job_id, "state": "waiting", "error": f"no result in {wait_s:.0f}s"})
                     ok = False
@@ -244,15 +248,18 @@ def job_cmd(job_id, queue_url) -> None:
 @main.command("cancel")
 @click.argument("job_id")
 @click.option("--reason", default="cancelled by the user", show_default=True)
+@click.option("--key", "key_name", default=keys.SENDER_KEY, show_default=True,
+              help="Key that signs the cancel request: the job's own signer, or one with may_set_validate_command.")
 @queue_option
-def cancel_cmd(job_id, reason, queue_url) -> None:
+def cancel_cmd(job_id, reason, key_name, queue_url) -> None:
     """Ask the job's host to cancel it: a running job's tree is killed (status failed, code CANCELLED)."""
     url = resolve_queue(queue_url)
+    signer = _signer(key_name)
 
     async def go() -> bool:
         backend = await connect(url)
         try:
-            return await sender.cancel(backend, job_id, reason)
+            return await sender.cancel(backend, job_id, reason, signer=signer)
         finally:
             await backend.close()
 

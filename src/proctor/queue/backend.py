@@ -33,6 +33,20 @@ def record_key(host: str, job_id: str) -> str:
     return f"{host}.{job_id}"
 
 
+def answer_key(host: str, job_id: str, digest: str) -> str:
+    """Where a listener answers an envelope that does not own its job id (a refused second envelope with a
+    known id, a forgery): beside the owner's `<host>.<jobId>`, never over it. 128 bits of the digest keep
+    keys apart; the full digest inside the signed result is what binds it."""
+    return f"{host}.{job_id}.env-{digest[:32]}"
+
+
+def message_id(job_id: str, digest: str) -> str:
+    """The engine's dedupe id for a job message: the same envelope re-sent is dropped, but a different
+    envelope that reuses the job id is not, so it reaches the listener and is refused there, in the open,
+    instead of silently shadowing (or being shadowed by) the real job."""
+    return f"{job_id}.{digest[:32]}"
+
+
 class Delivery(Protocol):
     """One delivery of one job message. `seq` is stable across redeliveries; `delivery` counts from 1."""
 
@@ -52,7 +66,8 @@ class Delivery(Protocol):
 
 class QueueBackend(Protocol):
     async def publish(self, target: str, lane: str, job_id: str, data: bytes) -> None:
-        """Enqueue once: a re-publish of the same job id inside the engine's dedupe window is dropped."""
+        """Enqueue once: a re-publish with the same id inside the engine's dedupe window is dropped. Senders
+        pass `message_id(jobId, digest)`, so only the same envelope is deduped."""
         ...
 
     async def ensure_lane(

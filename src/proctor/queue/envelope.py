@@ -30,6 +30,7 @@ from proctor.ledger import canonical_json as ledger_canonical_json
 ENVELOPE_VERSION = 1
 JOB_DOMAIN = b"proctor/job/v1\n"
 RESULT_DOMAIN = b"proctor/result/v1\n"
+CANCEL_DOMAIN = b"proctor/cancel/v1\n"
 ED25519 = "ed25519"
 HMAC_SHA256 = "hmac-sha256"
 # Wire bodies are small (a task brief plus metadata); a cap keeps a hostile message from costing a parse.
@@ -209,6 +210,12 @@ def unseal(raw: bytes | dict[str, Any]) -> Unsealed | EnvelopeError:
     return Unsealed(alg, body, sig, claimed)
 
 
+def envelope_digest(body: bytes) -> str:
+    """What a result answers: sha256 of the exact signed body bytes (signer, nonce, kind, jobId, target, lane,
+    expiry, payload). Two envelopes that differ in any signed field have different digests."""
+    return hashlib.sha256(body).hexdigest()
+
+
 def verify(env: Unsealed, verifier: Verifier | None, domain: bytes = JOB_DOMAIN) -> Opened | EnvelopeError:
     kid = env.claimed.get("signer")
     if verifier is None:
@@ -217,7 +224,7 @@ def verify(env: Unsealed, verifier: Verifier | None, domain: bytes = JOB_DOMAIN)
         return EnvelopeError("FORGED", f"envelope alg {env.alg} does not match key {verifier.kid} ({verifier.alg})")
     if not verifier.verify(domain + env.body, env.sig):
         return EnvelopeError("FORGED", f"signature does not verify with key {verifier.kid}")
-    return Opened(verifier.kid, env.claimed, hashlib.sha256(env.body).hexdigest())
+    return Opened(verifier.kid, env.claimed, envelope_digest(env.body))
 
 
 def new_job_id() -> str:

@@ -14,15 +14,31 @@ run's tree is killed) and releases it in the store, so the broker's redelivery a
 overlaps a live run. A released or finished job that the store does not show as ours is never acked or
 answered (fencing by delivery number).
 
-Where refusals are answered: at `<host>.<jobId>` for an authentic envelope. For one whose signature does not
-verify, only if nothing is stored there yet, so a forgery cannot overwrite a real result (it can still
-pre-empt one that has not finished: the sender sees a refusal signed by the host, naming the forgery). A
-replay is answered at `<host>.<jobId>.replay-<seq>`, leaving the original job's answer intact.
+Every result names the digest of the envelope it answers (`results`), and the store binds a job id to one
+envelope: a second, different envelope with a known job id (another signer's noop squatting on a queued
+run_agent's id, say) is refused as DUPLICATE_JOB_ID and never claims, finishes or answers the first. If the
+squatter got here first (the real job still queued behind a busy lane), the real one, earlier in the stream,
+displaces it when it arrives and runs (`store.JobStore`, `queue.displaced` in the ledger).
+
+Where answers go: the envelope that owns a job id is answered at `<host>.<jobId>`; any other envelope, at
+`<host>.<jobId>.env-<digest>` (`backend.answer_key`): a refused second envelope with a known id, and one whose
+signature does not verify, so neither can overwrite or pre-empt the owner's answer. A replay is answered at
+`<host>.<jobId>.replay-<seq>`, a copy that came on another lane than its envelope's at
+`<host>.<jobId>.misrouted-<seq>`: both are facts about one message, so neither becomes the job's outcome. Ledger rows a reader checks (`queue.end`, `queue.refused`, `queue.released`)
+are committed before the answer is published or the job handed back, so whoever holds an answer can read
+its rows. (A listener killed between the store's `done` and the `queue.end` commit leaves a job whose stored
+result a redelivery re-publishes without an end row; the store, not the ledger, is the authority there.)
+
+Cancel flags (`proctor_cancel` KV) are signed requests (`sender.cancel`): one is honoured only if it
+verifies with a trusted signer's key, names this host, the job and its envelope digest, and comes from the
+job's own signer or one allowed `may_set_validate_command`. Anything else on the server (an unsigned flag, a
+job record) is never acted on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import math
@@ -34,8 +50,17 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status, parse_request
-from proctor.queue.backend import Delivery, QueueBackend, check_name, record_key, valid_job_id
-from proctor.queue.envelope import EnvelopeError, Opened, Signer, unseal, verify
+from proctor.queue.backend import Delivery, QueueBackend, answer_key, check_name, record_key, valid_job_id
+from proctor.queue.envelope import (
+    CANCEL_DOMAIN,
+    EnvelopeError,
+    Opened,
+    Signer,
+    Unsealed,
+    envelope_digest,
+    unseal,
+    verify,
+)
 from proctor.queue.kinds import AgentJob, KindRunner
 from proctor.queue.results import seal_result
 from proctor.queue.signers import TrustStore
@@ -65,9 +90,13 @@ class Refusal(StrEnum):
     OVER_PRIVILEGED = "OVER_PRIVILEGED"
     INVALID_REQUEST = "INVALID_REQUEST"
     CANCELLED = "CANCELLED"
+    DUPLICATE_JOB_ID = "DUPLICATE_JOB_ID"  # the job id belongs to another envelope on this host
 
 
 class AuditLog(Protocol):
+    """`append` may buffer (BatchedAudit); an audit with a `flush()` method is flushed before the listener
+    publishes anything a reader may check against it. One without (a plain Ledger) writes at once."""
+
     def append(self, kind: str, payload: dict[str, Any], *, job_id: str | None = None) -> int: ...
 
 
@@ -107,6 +136,7 @@ class Refused:
     reason: str
     authentic: bool
     claimed: dict[str, Any]
+    digest: str | None = None  # of the envelope's body bytes, when it had one: what the refusal answers
 
 
 @dataclass(frozen=True)
@@ -118,15 +148,27 @@ class Accepted:
 
 def check_envelope(
     raw: bytes, *, trust: TrustStore, host: str, lane: str, kinds: frozenset[str], now: float, skew_s: float,
-    confine: str = "auto", admitted: Callable[[str], bool] | None = None,
+    confine: str = "auto", admitted: Callable[[str, str], bool] | None = None,
 ) -> Accepted | Refused:
     """Every check in the documented order; nothing in the body is used before its signature has been verified.
 
-    `confine` is this listener's configured confinement; `admitted(job_id)` says whether the store already
-    has a row for the job: a job once admitted is not refused as expired on redelivery (the claim decides)."""
+    `confine` is this listener's configured confinement; `admitted(job_id, digest)` says whether the store
+    already has this envelope's row for the job: a job once admitted is not refused as expired on redelivery
+    (the claim decides)."""
     env = unseal(raw)
     if isinstance(env, EnvelopeError):
         return Refused(Refusal.MALFORMED, env.reason, False, {})
+    checked = _check(env, trust=trust, host=host, lane=lane, kinds=kinds, now=now, skew_s=skew_s, confine=confine,
+                     admitted=admitted)
+    if isinstance(checked, Refused):
+        return dataclasses.replace(checked, digest=envelope_digest(env.body))
+    return checked
+
+
+def _check(
+    env: Unsealed, *, trust: TrustStore, host: str, lane: str, kinds: frozenset[str], now: float, skew_s: float,
+    confine: str, admitted: Callable[[str, str], bool] | None,
+) -> Accepted | Refused:
     signer = trust.signer(env.claimed.get("signer"))
     opened = verify(env, signer.verifier if signer else None)
     if isinstance(opened, EnvelopeError):
@@ -148,7 +190,7 @@ def check_envelope(
     exp, iat = f.get("expiresAt"), f.get("issuedAt")
     if not isinstance(exp, (int, float)) or not isinstance(iat, (int, float)):
         return Refused(Refusal.MALFORMED, "issuedAt and expiresAt must be numbers", True, f)
-    if now > exp + skew_s and not (admitted is not None and admitted(job_id)):
+    if now > exp + skew_s and not (admitted is not None and admitted(job_id, opened.digest)):
         return Refused(Refusal.EXPIRED, f"job expired at {exp:.0f}, now {now:.0f} (skew {skew_s:.0f}s)", True, f)
     if iat - skew_s > now:
         return Refused(Refusal.NOT_YET_VALID, f"job issued at {iat:.0f}, in the future (now {now:.0f})", True, f)
@@ -208,7 +250,9 @@ class Listener:
     audit: AuditLog
     runners: dict[str, KindRunner]
     running: dict[str, _Lease] = field(default_factory=dict)
-    cancels: dict[str, str] = field(default_factory=dict)  # record key -> reason, pushed by the backend
+    cancels: dict[str, str] = field(default_factory=dict)  # record key -> signed cancel request, pushed
+    # (record key, envelope digest) -> (flag, reason or None): each distinct flag is verified once per envelope
+    _cancel_checked: dict[tuple[str, str], tuple[str, str | None]] = field(default_factory=dict)
     confine: str = "auto"  # this host's configured confinement (proctor.config), the floor for requests
 
     async def serve(self, stop: asyncio.Event) -> None:
@@ -250,7 +294,8 @@ class Listener:
         s, now = self.settings, time.time()
         checked = await asyncio.to_thread(
             check_envelope, d.data, trust=self.trust, host=s.host, lane=lane, kinds=frozenset(self.runners),
-            now=now, skew_s=s.clock_skew_s, confine=self.confine, admitted=lambda j: self.store.job(j) is not None,
+            now=now, skew_s=s.clock_skew_s, confine=self.confine,
+            admitted=lambda j, dg: self.store.digest_of(j) == dg or self._legacy_row(j),
         )
         if isinstance(checked, Refused):
             await self._refuse(d, lane, checked)
@@ -261,11 +306,17 @@ class Listener:
         claim = await asyncio.to_thread(
             self.store.admit, job_id, nonce=f["nonce"], seq=d.seq, delivery=d.delivery, lane=lane, kind=f["kind"],
             expires_at=float(f["expiresAt"]), keep_until=float(f["expiresAt"]) + s.clock_skew_s,
+            digest=checked.opened.digest,
         )
-        requested = self.cancels.get(key)
-        if claim.outcome is ClaimOutcome.REPLAYED:
+        if claim.outcome is ClaimOutcome.CONFLICT:
+            await self._refuse(d, lane, Refused(
+                Refusal.DUPLICATE_JOB_ID, f"job id {job_id} already belongs to another envelope on {s.host} "
+                f"(digest {str(claim.owner_digest)[:16]}..., this one {checked.opened.digest[:16]}...): "
+                "refused, the other job is untouched", True, f, checked.opened.digest), conflict=True)
+        elif claim.outcome is ClaimOutcome.REPLAYED:
             await self._refuse(d, lane, Refused(Refusal.REPLAYED, f"nonce {f['nonce']} was already used by job "
-                                                f"{job_id} in another message", True, f), replay=True)
+                                                f"{job_id} in another message", True, f, checked.opened.digest),
+                               replay=True)
         elif claim.outcome is ClaimOutcome.DONE:
             if claim.result is not None:
                 await self.backend.put_result(key, claim.result)
@@ -279,33 +330,92 @@ class Listener:
             await d.nak(DRAIN_RETRY_S)
         elif claim.outcome is ClaimOutcome.STALE:
             await self._audit("queue.stale", {"delivery": d.delivery}, job_id=job_id)
-        elif requested:
+        elif requested := self._cancel_for(key, checked):
             self.cancels.pop(key, None)
+            self._cancel_checked.pop((key, checked.opened.digest), None)
             await self._refuse(d, lane, Refused(Refusal.CANCELLED, f"cancelled before it started: {requested}",
-                                                True, f), claimed=True)
+                                                True, f, checked.opened.digest), claimed=True)
         else:
+            if claim.owner_digest is not None:
+                await self._displaced(job_id, claim.owner_digest, claim.displaced, checked)
             try:
                 await self._run(d, lane, checked, list(claim.abandoned))
             except Exception as exc:  # noqa: BLE001 - never strand a claimed job as running with a live owner
                 log.exception("job %s delivery %s failed in the listener; released for redelivery", job_id, d.delivery)
                 await asyncio.to_thread(self.store.release, job_id, d.delivery, f"listener error: {exc!r}")
                 await self._audit("queue.released", {"delivery": d.delivery, "reason": f"listener error: {exc!r}"},
-                                  job_id=job_id)
+                                  job_id=job_id, durable=True)
                 await d.nak(0)
 
-    async def _audit(self, kind: str, payload: dict[str, Any], *, job_id: str | None = None) -> None:
-        await asyncio.to_thread(self.audit.append, kind, payload, job_id=job_id)
+    async def _displaced(self, job_id: str, digest: str, answer: bytes | None, accepted: Accepted) -> None:
+        """The job id passed from a later envelope (a squatter that got here first) to this one, which was in
+        the stream before it: record it, and move the squatter's answer to its own envelope's key."""
+        await self._audit("queue.displaced", {"digest": digest, "by": accepted.opened.digest,
+                                              "answered": answer is not None}, job_id=job_id, durable=True)
+        if answer is not None:
+            await self.backend.put_result(answer_key(self.settings.host, job_id, digest), answer)
+
+    def _legacy_row(self, job_id: str) -> bool:
+        row = self.store.job(job_id)
+        return row is not None and row.get("digest") is None
+
+    def _cancel_for(self, key: str, accepted: Accepted) -> str | None:
+        """The reason of a valid signed cancel request for this job's envelope, else None (see the module
+        docstring). Checked once per distinct flag value."""
+        flag = self.cancels.get(key)
+        if not flag:
+            return None
+        memo = (key, accepted.opened.digest)
+        seen = self._cancel_checked.get(memo)
+        if seen is not None and seen[0] == flag:
+            return seen[1]
+        reason = self._verify_cancel(flag, accepted)
+        if reason is None:
+            log.warning("job %s: ignoring a cancel flag that is not a valid signed request for its envelope", key)
+        self._cancel_checked[memo] = (flag, reason)
+        return reason
+
+    def _verify_cancel(self, flag: str, accepted: Accepted) -> str | None:
+        env = unseal(flag.encode(errors="replace"))
+        if isinstance(env, EnvelopeError):
+            return None
+        signer = self.trust.signer(env.claimed.get("signer"))
+        opened = verify(env, signer.verifier if signer else None, CANCEL_DOMAIN)
+        if isinstance(opened, EnvelopeError) or signer is None:
+            return None
+        c, f = opened.fields, accepted.fields
+        if (c.get("kind") != "cancel" or c.get("target") != self.settings.host or c.get("jobId") != f["jobId"]
+                or c.get("envelope") != accepted.opened.digest):
+            return None
+        if opened.kid != accepted.opened.kid and not signer.may_set_validate_command:
+            return None
+        return str(c.get("reason") or "cancelled")[:1000]
+
+    async def _audit(
+        self, kind: str, payload: dict[str, Any], *, job_id: str | None = None, durable: bool = False
+    ) -> None:
+        """Append an audit row; `durable`: committed (with every row before it) when this returns, for rows
+        that must be readable by the time anything is published."""
+        def write() -> None:
+            self.audit.append(kind, payload, job_id=job_id)
+            flush = getattr(self.audit, "flush", None)
+            if durable and flush is not None:
+                flush()
+
+        await asyncio.to_thread(write)
 
     async def _refuse(
-        self, d: Delivery, lane: str, refused: Refused, *, replay: bool = False, claimed: bool = False
+        self, d: Delivery, lane: str, refused: Refused, *, replay: bool = False, claimed: bool = False,
+        conflict: bool = False,
     ) -> None:
         s, f = self.settings, refused.claimed
         job_id = f["jobId"] if valid_job_id(f.get("jobId")) else f"seq-{d.seq}"
         await self._audit(
             "queue.refused",
             {"code": refused.code.value, "reason": refused.reason, "seq": d.seq, "delivery": d.delivery,
-             "lane": lane, "signer": f.get("signer"), "nonce": f.get("nonce"), "authentic": refused.authentic},
-            job_id=job_id,
+             "lane": lane, "signer": f.get("signer"), "nonce": f.get("nonce"), "authentic": refused.authentic,
+             "kind": f.get("kind"), "digest": refused.digest},
+            job_id=job_id, durable=True,
         )
         result = RunAgentResult(
             status=Status.failed,
@@ -316,21 +426,36 @@ class Listener:
             job_id=job_id,
         )
         sealed = seal_result(job_id=job_id, host=s.host, result=result, signer=self.host_key,
-                             refusal=refused.code.value, delivery=d.delivery).to_wire()
+                             envelope=refused.digest, refusal=refused.code.value, delivery=d.delivery).to_wire()
         key = record_key(s.host, job_id)
         if replay:
             await self.backend.put_result(f"{key}.replay-{d.seq}", sealed)
+        elif refused.code is Refusal.MISROUTED:
+            # A fact about this message (the subject it came on), not about the envelope: the sender publishes
+            # on its envelope's lane, so this is someone's copy, and the real message may still be queued.
+            # Answered beside, never stored as the job's outcome (it would answer the real one when it came).
+            await self.backend.put_result(f"{key}.misrouted-{d.seq}", sealed)
         elif claimed:
             if await asyncio.to_thread(self.store.finish, job_id, d.delivery, sealed):
                 await self.backend.put_result(key, sealed)
+        elif conflict and refused.digest:
+            await self.backend.put_result(answer_key(s.host, job_id, refused.digest), sealed, only_if_absent=True)
         elif refused.authentic:
-            # Never overwrite a real result: a replay on another lane, a reused job id of another kind or an
-            # expired redelivery of a finished job is answered from the store, and written only if absent.
+            # Never overwrite a real result: a replay on another lane or an expired redelivery of a finished
+            # job is answered from the store, and written only if absent; another envelope reusing the job id
+            # (another kind, another signer) is answered at its own key, beside the owner's.
             answer = await asyncio.to_thread(
                 self.store.finish_refused, job_id, seq=d.seq, lane=lane, kind=str(f.get("kind")),
-                expires_at=float(f.get("expiresAt") or time.time()), result=sealed)
-            if answer is not None:
-                await self.backend.put_result(key, answer, only_if_absent=True)
+                expires_at=float(f.get("expiresAt") or time.time()), result=sealed, digest=refused.digest)
+            if answer.result is not None and answer.owner:
+                await self.backend.put_result(key, answer.result, only_if_absent=True)
+            elif answer.result is not None and refused.digest:
+                await self.backend.put_result(answer_key(s.host, job_id, refused.digest), answer.result,
+                                              only_if_absent=True)
+        elif refused.digest:
+            # Not authentic: answered at its own envelope's key, never at the owner's (so a forgery can
+            # neither overwrite nor pre-empt a real answer).
+            await self.backend.put_result(answer_key(s.host, job_id, refused.digest), sealed, only_if_absent=True)
         else:
             await self.backend.put_result(key, sealed, only_if_absent=True)
         await d.term()
@@ -350,20 +475,22 @@ class Listener:
             {"host": s.host, "lane": lane, "delivery": d.delivery, "startedAt": started}).encode()))
         job = AgentJob(job_id, d.delivery, accepted.request) if accepted.request else None
         work = asyncio.create_task(self.runners[kind].run(job, f["payload"], lease.get))
-        keeper = asyncio.create_task(self._keep(d, key, job_id, lease, work))
+        keeper = asyncio.create_task(self._keep(d, key, accepted, lease, work))
         try:
             result = await work
         finally:
             keeper.cancel()
             self.running.pop(job_id, None)
             self.cancels.pop(key, None)
+            self._cancel_checked.pop((key, accepted.opened.digest), None)
             try:
                 await marked
             except Exception:  # noqa: BLE001 - the running record is for lookups only; the run's result stands
                 log.warning("job %s: could not write its running record", job_id, exc_info=True)
         if lease.why in (Stop.LEASE_LOST, Stop.STOPPING):
             await asyncio.to_thread(self.store.release, job_id, d.delivery, lease.reason or "released")
-            await self._audit("queue.released", {"delivery": d.delivery, "reason": lease.reason}, job_id=job_id)
+            await self._audit("queue.released", {"delivery": d.delivery, "reason": lease.reason}, job_id=job_id,
+                              durable=True)
             if lease.why is Stop.STOPPING:
                 await d.nak(0)  # not partitioned: let the next listener start at once
             return
@@ -372,18 +499,20 @@ class Listener:
         if abandoned:
             result.needs_human_review = True
         sealed = seal_result(job_id=job_id, host=s.host, result=result, signer=self.host_key,
-                             started_at=started, delivery=d.delivery).to_wire()
+                             envelope=accepted.opened.digest, started_at=started, delivery=d.delivery).to_wire()
         if not await asyncio.to_thread(self.store.finish, job_id, d.delivery, sealed):
             await self._audit("queue.fenced", {"delivery": d.delivery}, job_id=job_id)
             return
+        # The end row is committed before the result is published: whoever holds the result can read it.
+        await self._audit("queue.end", {"delivery": d.delivery, "status": result.status.value,
+                                        "code": result.code.value, "digest": accepted.opened.digest},
+                          job_id=job_id, durable=True)
         await self.backend.put_result(key, sealed)
         await d.ack()
-        await self._audit("queue.end", {"delivery": d.delivery, "status": result.status.value,
-                                        "code": result.code.value}, job_id=job_id)
 
-    async def _keep(self, d: Delivery, key: str, job_id: str, lease: _Lease, work: asyncio.Task[Any]) -> None:
+    async def _keep(self, d: Delivery, key: str, accepted: Accepted, lease: _Lease, work: asyncio.Task[Any]) -> None:
         """Heartbeat the lease, fence against the store, and watch the cancel flag until the work ends."""
-        s = self.settings
+        s, job_id = self.settings, accepted.fields["jobId"]
         loop = asyncio.get_running_loop()
         confirmed = next_beat = loop.time()
         while not work.done():
@@ -403,7 +532,7 @@ class Listener:
             if loop.time() - confirmed > s.lease_margin * s.ack_wait_s:
                 lease.cancel(f"lease lost: no confirmed heartbeat for {loop.time() - confirmed:.1f}s "
                              f"(ack_wait {s.ack_wait_s:.0f}s)", Stop.LEASE_LOST)
-            requested = self.cancels.get(key)
+            requested = self._cancel_for(key, accepted)
             if requested:
                 lease.cancel(f"cancelled by request: {requested}")
             await asyncio.wait({work}, timeout=min(0.1, s.heartbeat_s / 4))

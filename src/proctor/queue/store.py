@@ -1,12 +1,21 @@
 """The listener's job store (`$PROCTOR_HOME/queue.sqlite3`, WAL): the authority for "never twice at once".
 
-Owns, per job id: state, owner (pid, process start time, boot id), delivery number, stored result, and the
-attempts that were abandoned; per nonce: the message it first arrived in. It never talks to the queue engine
+Owns, per job id: the digest of the one envelope that job id belongs to, state, owner (pid, process start
+time, boot id), delivery number, stored result, and the attempts that were abandoned; per nonce: the message
+it first arrived in. It never talks to the queue engine
 and never runs a job: the listener asks it `claim`, `still_owner`, `finish`.
 
 Why a local store and not the broker: JetStream may accept an ack or progress from a stale delivery after a
 redelivery (nats-server #4786), so the broker alone cannot fence. Each job names one target host, so that
 host's store sees every delivery and decides; a delivery number lower than the recorded one is stale.
+
+Work is keyed by envelope: a job id belongs to one envelope (by digest). A different envelope carrying a
+known job id (another signer's, another kind, another lane) is a `CONFLICT` if it came later in the stream
+(a higher stream sequence): it is refused, and never claims, finishes or is answered with the owner's row
+or result. Job ids are random and first visible once their job is in the stream, so a squatter's message
+always comes after the real one; when the squatter reached this store first (the real job was still queued
+behind a busy lane), the real one displaces it on arrival (the squatter's answer moves to its own key) and
+runs. Rows written before the digest column existed (digest NULL) match any envelope until they expire.
 Several listener processes on one host share the file; each decision is one `BEGIN IMMEDIATE` transaction.
 """
 
@@ -76,6 +85,7 @@ class ClaimOutcome(StrEnum):
     STALE = "stale"  # an older delivery than the one recorded: ignore
     REPLAYED = "replayed"  # the nonce arrived before in another message: refuse
     DRAINING = "draining"  # the owner died but its job runner is still stopping the agent: retry shortly
+    CONFLICT = "conflict"  # the job id belongs to another envelope (another digest): refuse, touch nothing
 
 
 @dataclass(frozen=True)
@@ -83,6 +93,17 @@ class Claim:
     outcome: ClaimOutcome
     result: bytes | None = None
     abandoned: tuple[str, ...] = ()  # human lines naming earlier attempts and the worktrees they left
+    owner_digest: str | None = None  # CONFLICT: the id's owner; NEW with `displaced`: the envelope displaced
+    displaced: bytes | None = None  # the displaced envelope's stored answer, to re-publish at its own key
+
+
+@dataclass(frozen=True)
+class RefusedAnswer:
+    """What `finish_refused` says to publish: `result` (None: nothing, the job's own run answers) and whether
+    it is the answer of the envelope that owns the job id (`owner`) or of another one reusing it."""
+
+    result: bytes | None
+    owner: bool
 
 
 def _m1(db: sqlite3.Connection) -> None:
@@ -114,7 +135,13 @@ def _m3(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE attempts ADD COLUMN runner_boot TEXT")
 
 
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_m1, _m2, _m3)
+def _m4(db: sqlite3.Connection) -> None:
+    db.execute("ALTER TABLE jobs ADD COLUMN digest TEXT")
+
+
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_m1, _m2, _m3, _m4)
+JOB_COLUMNS = ("job_id, seq, lane, kind, state, delivery, owner_pid, owner_start, owner_boot, expires_at,"
+               " started_at, updated_at, result, digest")
 
 
 class JobStore:
@@ -145,37 +172,46 @@ class JobStore:
 
     def admit(
         self, job_id: str, *, nonce: str, seq: int, delivery: int, lane: str, kind: str, expires_at: float,
-        keep_until: float,
+        keep_until: float, digest: str | None = None,
     ) -> Claim:
         """Record the nonce and claim the job in one transaction (one commit per delivery).
 
         A nonce seen before in a different message is a replay: a JetStream redelivery carries the same
-        stream sequence, the same envelope published again is a new message with a new sequence."""
+        stream sequence, the same envelope published again is a new message with a new sequence. `digest`
+        is the envelope's (the listener always passes it); a job id already bound to another digest is a
+        CONFLICT."""
         with self._tx():
             row = self.db.execute("SELECT seq FROM nonces WHERE nonce = ?", (nonce,)).fetchone()
             if row is None:
                 self.db.execute("INSERT INTO nonces VALUES (?, ?, ?, ?)", (nonce, job_id, seq, keep_until))
             elif int(row[0]) != seq:
                 return Claim(ClaimOutcome.REPLAYED)
-            return self._claim(job_id, seq=seq, delivery=delivery, lane=lane, kind=kind, expires_at=expires_at)
+            return self._claim(job_id, seq=seq, delivery=delivery, lane=lane, kind=kind, expires_at=expires_at,
+                               digest=digest)
 
-    def _claim(self, job_id: str, *, seq: int, delivery: int, lane: str, kind: str, expires_at: float) -> Claim:
+    def _claim(
+        self, job_id: str, *, seq: int, delivery: int, lane: str, kind: str, expires_at: float, digest: str | None
+    ) -> Claim:
         now, me = time.time(), self.owner
         row = self.db.execute(
-            "SELECT state, delivery, owner_pid, owner_start, owner_boot, result FROM jobs WHERE job_id = ?",
+            "SELECT state, delivery, owner_pid, owner_start, owner_boot, result, digest, seq FROM jobs"
+            " WHERE job_id = ?",
             (job_id,),
         ).fetchone()
         if row is None:
             self.db.execute(
-                "INSERT INTO jobs VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, NULL)",
-                (job_id, seq, lane, kind, delivery, me.pid, me.start, me.boot, expires_at, now, now),
+                f"INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, NULL, ?)",
+                (job_id, seq, lane, kind, delivery, me.pid, me.start, me.boot, expires_at, now, now, digest),
             )
             self._attempt(job_id, delivery)
             return Claim(ClaimOutcome.NEW)
-        state, rec_delivery, pid, start, boot, result = row
-        if state == "done":
+        state, rec_delivery, pid, start, boot, result, owner_digest, rec_seq = row
+        displace = digest is not None and owner_digest is not None and owner_digest != digest
+        if displace and seq >= int(rec_seq):
+            return Claim(ClaimOutcome.CONFLICT, owner_digest=owner_digest)
+        if not displace and state == "done":
             return Claim(ClaimOutcome.DONE, result=result)
-        if delivery < rec_delivery:
+        if not displace and delivery < rec_delivery:
             return Claim(ClaimOutcome.STALE)
         if state == "running" and Owner(pid, start, boot).alive():
             return Claim(ClaimOutcome.BUSY)
@@ -187,6 +223,19 @@ class JobStore:
         ).fetchall():
             if Owner(r_pid, r_start, r_boot).alive():
                 return Claim(ClaimOutcome.DRAINING)
+        if displace:
+            # This envelope was in the stream before the one that owns the id here (a lower stream sequence):
+            # the owner is the squatter, published after it learned the id. The id passes to this envelope;
+            # the squatter's stored answer is handed back to be re-published at its own envelope's key.
+            self.db.execute("DELETE FROM attempts WHERE job_id = ?", (job_id,))
+            self.db.execute(
+                "UPDATE jobs SET seq = ?, lane = ?, kind = ?, state = 'running', delivery = ?, owner_pid = ?,"
+                " owner_start = ?, owner_boot = ?, expires_at = ?, started_at = ?, updated_at = ?, result = NULL,"
+                " digest = ? WHERE job_id = ?",
+                (seq, lane, kind, delivery, me.pid, me.start, me.boot, expires_at, now, now, digest, job_id),
+            )
+            self._attempt(job_id, delivery)
+            return Claim(ClaimOutcome.NEW, owner_digest=owner_digest, displaced=result)
         abandoned = tuple(self._abandoned_lines(job_id))
         self.db.execute(
             "UPDATE jobs SET state = 'running', delivery = ?, owner_pid = ?, owner_start = ?, owner_boot = ?,"
@@ -265,22 +314,35 @@ class JobStore:
             )
 
     def finish_refused(
-        self, job_id: str, *, seq: int, lane: str, kind: str, expires_at: float, result: bytes
-    ) -> bytes | None:
+        self, job_id: str, *, seq: int, lane: str, kind: str, expires_at: float, result: bytes,
+        digest: str | None = None,
+    ) -> RefusedAnswer:
         """A refused job is done: its redelivery is answered from here, not verified and refused again.
 
-        Returns the answer to publish: `result` if the job was unknown, else the stored result of a job that
-        already has one (never the refusal over it), else None (it is running: its own run answers)."""
+        The answer to publish: `result` if the job id was unknown (this envelope now owns it); for the same
+        envelope, the stored result of a job that already has one (never the refusal over it), or None (it is
+        running: its own run answers); for another envelope reusing the job id, `result` as a non-owner
+        answer: the known job's row and result are left alone."""
         now = time.time()
         with self._tx():
             cur = self.db.execute(
-                "INSERT OR IGNORE INTO jobs VALUES (?, ?, ?, ?, 'done', 0, NULL, NULL, NULL, ?, ?, ?, ?)",
-                (job_id, seq, lane, kind, expires_at, now, now, result),
+                f"INSERT OR IGNORE INTO jobs ({JOB_COLUMNS}) VALUES (?, ?, ?, ?, 'done', 0, NULL, NULL, NULL, ?, ?, ?,"
+                " ?, ?)",
+                (job_id, seq, lane, kind, expires_at, now, now, result, digest),
             )
             if cur.rowcount == 1:
-                return result
-            row = self.db.execute("SELECT state, result FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
-            return row[1] if row is not None and row[0] == "done" and row[1] is not None else None
+                return RefusedAnswer(result, owner=True)
+            row = self.db.execute("SELECT state, result, digest FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+            if row is not None and digest is not None and row[2] is not None and row[2] != digest:
+                return RefusedAnswer(result, owner=False)
+            stored = row[1] if row is not None and row[0] == "done" and row[1] is not None else None
+            return RefusedAnswer(stored, owner=True)
+
+    def digest_of(self, job_id: str) -> str | None:
+        """The digest of the envelope `job_id` belongs to here (None: unknown, or a row from before digests)."""
+        with self.lock:
+            row = self.db.execute("SELECT digest FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+        return row[0] if row else None
 
     def job(self, job_id: str) -> dict[str, object] | None:
         with self.lock:

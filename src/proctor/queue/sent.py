@@ -1,0 +1,94 @@
+"""The sender's own record of the envelopes it sent: `$PROCTOR_HOME/queue-sent/<jobId>.json`.
+
+Owns what a sender may trust about a job after it was sent: the host its envelope named, the lane and kind,
+and the envelope's digest. `wait`, `status` and `cancel` by job id read this, never the job record on the
+server (`proctor_jobs` KV), which anyone who can reach an unauthenticated server can rewrite: a record
+there is a hint for display only. It never talks to the queue.
+
+One small file per job, written through a temp file and `os.replace`, so concurrent `send`s and an HTTP API
+process sharing the home never see half a record. Files not written for `KEEP_S` are pruned by the first
+write of each process (by mtime: one directory scan, no reads).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from proctor.home import proctor_home
+from proctor.queue.backend import valid_job_id
+from proctor.queue.envelope import Sealed, envelope_digest
+
+DIR_NAME = "queue-sent"
+# Long enough for a sender to ask about a job for a while after it expired unstarted or ran (the default
+# TTL is a day; the server's KV records live 14 days too).
+KEEP_S = 14 * 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class SentJob:
+    """What the sender knows first-hand about one envelope it sent (all from its own signed bytes)."""
+
+    job_id: str
+    target: str
+    lane: str
+    kind: str
+    digest: str
+    signer: str
+    expires_at: float
+
+    @classmethod
+    def from_sealed(cls, sealed: Sealed) -> SentJob:
+        f = json.loads(sealed.body)
+        return cls(str(f["jobId"]), str(f["target"]), str(f["lane"]), str(f["kind"]), envelope_digest(sealed.body),
+                   str(f.get("signer")), float(f.get("expiresAt") or 0))
+
+
+class SentStore:
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = (root or proctor_home()) / DIR_NAME
+        self._pruned = False
+
+    def _path(self, job_id: str) -> Path:
+        return self.root / f"{job_id}.json"
+
+    def put(self, job: SentJob) -> None:
+        if not valid_job_id(job.job_id):
+            raise ValueError(f"job id {job.job_id!r} is not a valid job id")
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = self._path(job.job_id)
+        tmp = path.with_name(f".{job.job_id}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(asdict(job), fh)
+        os.replace(tmp, path)
+        if not self._pruned:
+            self._pruned = True
+            self.prune(time.time())
+
+    def get(self, job_id: str) -> SentJob | None:
+        if not valid_job_id(job_id):
+            return None
+        try:
+            doc = json.loads(self._path(job_id).read_text())
+            return SentJob(**doc)
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def prune(self, now: float) -> int:
+        n = 0
+        try:
+            entries = list(os.scandir(self.root))
+        except OSError:
+            return 0
+        for entry in entries:
+            try:
+                if entry.name.endswith((".json", ".tmp")) and entry.stat().st_mtime + KEEP_S < now:
+                    os.unlink(entry.path)
+                    n += 1
+            except OSError:
+                continue
+        return n
