@@ -66,6 +66,7 @@ def main() -> None:
     ap.add_argument("--big-runs", type=int, default=3)
     ap.add_argument("--baseline", default="e06f946")
     ap.add_argument("--confine", default="off", choices=["off", "auto"])
+    ap.add_argument("--sizes", default="2000,100000", help="repo sizes in files; the first gets --runs")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="proctor-bench-landing-") as tmp:
         root = Path(tmp)
@@ -76,7 +77,8 @@ def main() -> None:
             config = root / "config.toml"
             config.write_text(f'confine = "{args.confine}"\n[agents.edit]\ncommand = ["/bin/sh", "-c", '
                               '"printf changed >> pkg0/mod0.txt"]\nprompt = "stdin"\nnetwork = false\n')
-            for n, runs in ((2000, args.runs), (100_000, args.big_runs)):
+            sizes = [int(x) for x in args.sizes.split(",")]
+            for n, runs in zip(sizes, [args.runs] + [args.big_runs] * (len(sizes) - 1)):
                 repo = make_repo(root, n)
                 # interleaved rounds so drift hits both alike
                 now, then = [], []
@@ -84,7 +86,7 @@ def main() -> None:
                     then += jobs(base_src / "src", repo, config, max(1, runs // 2), root / "home-base")
                     now += jobs(HERE / "src", repo, config, max(1, runs - runs // 2), root / "home-now")
                 b, c = statistics.median(then), statistics.median(now)
-                target = " (target <= 1.5x)" if n == 2000 else ""
+                target = " (target <= 1.5x)" if n <= 2000 else ""
                 print(f"{n} files, one edit, validate `true`, confine {args.confine}, median of {len(now)}: "
                       f"baseline {args.baseline} {b * 1000:.0f} ms, landing-tree job {c * 1000:.0f} ms, "
                       f"ratio {c / b:.2f}x{target}", flush=True)

@@ -384,3 +384,22 @@ def test_version_probe_runs_confined_what_a_job_rewrote_in_its_state_dir(tmp_pat
     # control: the same file run as the old probe did (plain, on the host) writes the marker
     subprocess.run([str(exe), "--version"], check=True, capture_output=True)
     assert marker.exists()
+
+
+@needs_confinement
+def test_what_validation_plants_never_reaches_the_review_checkout(tmp_path):
+    repo = make_repo(tmp_path, {"README.md": "hello\n", ".gitignore": "*.log\n"})
+    marker = tmp_path / "validation-planted"
+    # Validation runs the agent's code: here it plants an fsmonitor in the scratch .git, a nested repo, an
+    # ignored file, a changed tracked file and a setuid bit, then passes.
+    planting = (f"git config core.fsmonitor 'touch {marker}; false' && git init -q nested && "
+                "echo junk > build.log && echo tampered >> README.md && chmod 4755 fixed.txt && true")
+    res = job(repo, tmp_path, "echo fixed > fixed.txt", validateCommand=planting)
+    assert res.status is Status.completed and res.tests_attempted[0].endswith("exit 0"), res
+    wt = Path(res.worktree_path)
+    assert sorted(os.listdir(wt)) == [".git", ".gitignore", "README.md", "fixed.txt"]
+    assert (wt / "README.md").read_text() == "hello\n" and (wt / "fixed.txt").stat().st_mode & 0o7777 == 0o644
+    reviewer_status(res.worktree_path)
+    assert not marker.exists(), "a reviewer's git status ran what validation planted"
+    assert sh("git", "status", "--porcelain", cwd=wt) == ""
+    branch_holds_exactly(res)

@@ -81,7 +81,6 @@ class _Job:
     confiner: confine.Confiner | None = None
     # The agent's directory once it exited, taken aside and made exactly a tree; validation runs there.
     work: Path = Path()
-    index: Path = Path()
     state_dirs: tuple[Path, ...] = ()  # the adapter's, resolved: writable by every job of that adapter
     egress: EgressProxy | None = None  # the host-run proxy to the adapter's declared hosts, while the agent runs
 
@@ -222,7 +221,7 @@ def _in_worktree(job: _Job, repo: worktree.Repo, base: worktree.Base, confiner: 
         job.risks.append(wt.reason)
         return
     result.worktree_path, result.branch = str(wt.path), wt.branch
-    job.work, job.index = wt.path.with_name(f".{wt.path.name}.work"), job.host_tmp / "work.index"
+    job.work = wt.path.with_name(f".{wt.path.name}.work")
     # Decided on the fresh checkout of the base, before the agent runs: the agent must not pick its own test.
     plan = validate.given(req.validate_command) if req.validate_command else validate.detect(wt.path)
 
@@ -290,7 +289,7 @@ def _land(job: _Job, wt: worktree.Worktree, result: RunAgentResult) -> landing.L
     built = landing.build(job.work, wt.path / ".git", wt, job.host_tmp, found,
                           f"proctor job {job.job_id} ({job.request.agent}): {job.request.ticket}\n")
     made = built if isinstance(built, worktree.Failure) else landing.materialise(
-        job.work, built.git_dir, built.tree, job.index)
+        job.work, built.git_dir, built.tree, built.index, trusted_index=True)
     if isinstance(built, worktree.Failure) or made is not None:
         result.status, result.code = Status.failed, Code.HOST_ERROR
         job.risks.append(f"the job's tree was not built: {(made or built).reason}")
@@ -318,8 +317,8 @@ def _review_checkout(job: _Job, wt: worktree.Worktree, landed: landing.Landing |
         if not worktree.remove_tree(job.work):
             job.risks.append(f"the agent's scratch directory {job.work} could not be removed")
         return
-    made = landing.materialise(job.work, landed.git_dir, landed.tree, job.index) if dirty else None
-    failure = made or landing.fresh_index_copy(job.index, landed.git_dir)
+    made = landing.materialise(job.work, landed.git_dir, landed.tree, landed.index) if dirty else None
+    failure = made or landing.fresh_index_copy(landed.index, landed.git_dir)
     if failure is None:
         try:
             os.rename(landed.git_dir, job.work / ".git")
@@ -519,8 +518,8 @@ def _validation_run(job: _Job, wt: worktree.Worktree, landed: landing.Landing, p
     """One validation in the work directory, made `tree` first (when not the job's own, already there),
     with a throw-away `.git`; the job's git dir (at the review path) is read-only to it."""
     tmpdir = job.host_tmp / f"{name}-tmp"
-    made = (landing.materialise(job.work, landed.git_dir, tree, job.index) if tree is not None else None) \
-        or landing.scratch_git_dir(job.work, landed, wt, job.index)
+    made = (landing.materialise(job.work, landed.git_dir, tree, landed.index) if tree is not None else None) \
+        or landing.scratch_git_dir(job.work, landed, wt, landed.index)
     if made is not None:
         job.risks.append(f"validation not run: {made.reason}")
         return None

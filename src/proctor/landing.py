@@ -108,6 +108,7 @@ class Landing:
     base_sha: str
     branch: str
     git_dir: Path  # the job's own git dir: its objects are the job's objects
+    index: Path  # the tree, with the stat data of the hashing that made it (the host's own, trusted)
     changed: list[str] = field(default_factory=list)
     left_out_ignored: tuple[str, ...] = ()  # oversized files that were ignored anyway
 
@@ -168,7 +169,7 @@ def build(agent_dir: Path, git_dir: Path, wt: Worktree, private_dir: Path, found
     if isinstance(changed, Failure):
         return changed
     ignored = _ignored(git_dir, agent_dir, index, [p for p, _ in found.oversized])
-    return Landing(commit.text, tree.text, wt.base_sha, wt.branch, git_dir, changed, ignored)
+    return Landing(commit.text, tree.text, wt.base_sha, wt.branch, git_dir, index, changed, ignored)
 
 
 def changed_paths(git_dir: Path, old: str, new: str) -> list[str] | Failure:
@@ -240,10 +241,14 @@ def _prune(root: Path, entries: dict[str, str]) -> None:
                 stack.append(path)
 
 
-def materialise(work_tree: Path, git_dir: Path, tree: str, index: Path) -> Failure | None:
+def materialise(work_tree: Path, git_dir: Path, tree: str, index: Path, *, trusted_index: bool = False) -> Failure | None:
     """Make `work_tree` exactly `tree`, in place: prune what is not the tree's, hash every file that is
     (an index with no stat data: content decides), write fresh what differs or is missing. `index` ends
     holding the tree with the stat data of files just verified.
+
+    `trusted_index`: `index` already holds `tree` with stat data the host's own hashing recorded, and
+    nothing but the host wrote `work_tree` since (right after `build`): only files whose stat moved are
+    hashed again. Never after validation, which runs agent code that can put an mtime back.
 
     This is how the host turns the directory an agent (or validation, which runs agent code) wrote into a
     checkout of the job's commit without writing every file again: a fresh checkout of each tree was
@@ -255,12 +260,12 @@ def materialise(work_tree: Path, git_dir: Path, tree: str, index: Path) -> Failu
         _prune(work_tree, entries)
     except OSError as exc:
         return Failure(f"cannot prune {work_tree}: {exc}")
-    index.unlink(missing_ok=True)
-    steps = (["read-tree", tree], ["update-index", "-q", "--refresh"])
-    for args in steps:
-        res = git(list(args), git_dir=git_dir, work_tree=work_tree, cwd=work_tree, index_file=index)
-        if not res.ok and args[0] == "read-tree":
-            return Failure(f"git read-tree failed: {res.err}")
+    if not trusted_index:
+        index.unlink(missing_ok=True)
+        read = git(["read-tree", tree], git_dir=git_dir, index_file=index)
+        if not read.ok:
+            return Failure(f"git read-tree failed: {read.err}")
+    git(["update-index", "-q", "--refresh"], git_dir=git_dir, work_tree=work_tree, cwd=work_tree, index_file=index)
     diff = git(["diff-files", "-z", "--name-only"], git_dir=git_dir, work_tree=work_tree, cwd=work_tree,
                index_file=index)
     if not diff.ok:
