@@ -59,7 +59,7 @@ def proctor_once(repo: Path, config) -> float:
 DRAIN_CHILD = r"""
 import resource, sys, time, json
 from pathlib import Path
-from proctor.process import LocalRunner, Spawn
+from proctor.job.process import LocalRunner, Spawn
 n = int(sys.argv[1])
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t0 = time.perf_counter()

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from proctor.confine import detect
 from test_commands_support import home, policy_file, project, request, tools  # noqa: F401  (fixtures)
 
 PROCTOR = [sys.executable, "-c", "from proctor.cli import main; main()"]
@@ -58,11 +59,15 @@ def test_undeclared_writes_and_failures_exit_1_with_the_full_result(tmp_path, to
     assert code == 1 and out["exit"] == 4 and out["ran"]
 
 
-def test_tampering_exits_3(tmp_path, tools, project, policy_file, home) -> None:
+def test_tampering_exits_3_or_cannot_happen(tmp_path, tools, project, policy_file, home) -> None:
     req = request(tools, "tamper", str(home / "ledger.head"))
     cli(tmp_path, request(tools, "exit", "0"), "--project", str(project), "--policy", str(policy_file))
     code, out, _ = cli(tmp_path, req, "--project", str(project), "--policy", str(policy_file))
-    assert code == 3 and out["code"] == "LEDGER_TAMPERED"
+    if detect().bwrap is not None:  # $PROCTOR_HOME is hidden (an empty read-only folder): no tamper to see
+        assert code == 1 and out["code"] == "EXIT_NONZERO" and "Read-only file system" in out["stderr"]
+        assert out["hidden"] and out["exposed"] == []
+    else:
+        assert code == 3 and out["code"] == "LEDGER_TAMPERED"
 
 
 def test_a_deeply_nested_request_is_unusable_input_not_a_traceback(tmp_path, tools, project, policy_file) -> None:
@@ -75,3 +80,17 @@ def test_a_deeply_nested_request_is_unusable_input_not_a_traceback(tmp_path, too
     assert code == 2 and out["code"] == "REQUEST_SHAPE"
     code, out, _ = cli(tmp_path, request(tools, "exit", "0"), "--project", str(project), "--policy", str(policy_file))
     assert code == 0 and out["ran"]
+
+
+def test_the_commands_output_reaches_the_terminal_as_json_escapes_never_raw(tmp_path, tools, project, policy_file):
+    # pydantic leaves DEL, C1 (8-bit CSI/OSC) and bidi controls raw in JSON; the CLI writes them as \\uXXXX.
+    said = "out/\x1b]0;T\x07\x9b2J\x9d52;c;eA==\x9c\u202egnp\x7f"
+    path = tmp_path / "req.json"
+    path.write_text(json.dumps(request(tools, "say", said)))
+    p = subprocess.run([*PROCTOR, "run-request", "--request-file", str(path), "--project", str(project),
+                        "--policy", str(policy_file)], capture_output=True, timeout=60)
+    out = json.loads(p.stdout)
+    assert p.returncode == 0 and out["stdout"] == said and out["stderr"] == said  # the same document
+    for raw in (b"\x1b", b"\x07", b"\x7f", "\x9b".encode(), "\x9d".encode(), "\u202e".encode()):
+        assert raw not in p.stdout, raw
+    assert b"\\u009b2J" in p.stdout and b"\\u202egnp" in p.stdout

@@ -311,7 +311,9 @@ def c_spawn_failed(c: Ctx) -> Pair:
     bindir = c.tmp / "bin"
     bindir.mkdir(exist_ok=True)
     broken, good = bindir / "broken", bindir / "good"
-    broken.write_bytes(b"\x7fELF\x00garbage")
+    # An interpreter that does not exist: exec fails whether the runner starts it or bwrap's `env -C` does.
+    # (Not a garbage ELF: glibc's execvp, which env uses, hands an ENOEXEC file to /bin/sh.)
+    broken.write_bytes(b"#!/nonexistent/interpreter\n")
     good.write_text(f"#!{PY}\n" + (c.tools / "act.py").read_text())
     for p in (broken, good):
         p.chmod(0o755)

@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from proctor.ledger import Ledger
 from proctor.commands import (
     LedgerTamperedError,
     RequestCode,
@@ -24,6 +25,7 @@ from test_commands_support import (  # noqa: F401  (fixtures)
     PY,
     base_policy,
     home,
+    isolation_mode,
     ledger_kinds,
     ledger_rows,
     policy_file,
@@ -108,8 +110,12 @@ def test_a_timeout_kills_the_group_and_writes_are_still_checked(tools, project, 
     assert result.timed_out and result.ran and result.exit != 0
     assert result.undeclared_writes == ["before.txt"]
     assert time.monotonic() - start < 10
-    child = int((project / "child.pid").read_text())
-    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    # The pid it wrote is the one it saw: in bwrap's pid namespace (every run hides $PROCTOR_HOME in one)
+    # that is not a host pid, so the child is looked for by what it runs.
+    assert int((project / "child.pid").read_text()) > 0
+    alive = [p for p in psutil.process_iter(["cmdline", "status"])
+             if "time.sleep(120)" in " ".join(p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE]
+    assert alive == []
     # With every write declared, a timeout is a result (TIMED_OUT), not an error; timeout_cap lowers it.
     for name in ("child.pid", "before.txt"):
         (project / name).unlink()
@@ -129,7 +135,8 @@ def test_the_environment_is_an_allowlist(tools, project, policy_file, monkeypatc
     # Control: the same mechanism passes a variable the entry names.
     assert env["PROCTOR_TEST_PASSED"] == "allowlisted-value"
     assert all(os.path.isabs(d) for d in env["PATH"].split(os.pathsep))
-    assert set(env) - {"PROCTOR_RUN_MARKER", "PROCTOR_TEST_PASSED", "PATH", "LC_CTYPE"} <= {
+    # TMPDIR: the run's private temp folder; PWD: bwrap's, where it runs.
+    assert set(env) - {"PROCTOR_RUN_MARKER", "PROCTOR_TEST_PASSED", "PATH", "LC_CTYPE", "TMPDIR", "PWD"} <= {
         "HOME", "LANG", "LANGUAGE", "LC_ALL", "LC_MESSAGES", "LOGNAME", "TERM", "TZ", "USER"}
 
 
@@ -149,11 +156,18 @@ def test_stdin_content_passes_its_gates_and_reaches_the_command(tools, project, 
     assert result.ok and (project / "out" / "e.txt").read_text() == stdin["content"]
 
 
-def test_exit_status_and_leftover_processes_fail_the_run(tools, project, policy_file, home) -> None:
+def test_exit_status_and_leftover_processes_fail_the_run(tools, project, policy_file, home, isolation_mode) -> None:
     result = run(tools, project, policy_file, "exit", "3")
     assert (result.ran, result.exit, result.code, result.ok) == (True, 3, RequestCode.EXIT_NONZERO, False)
     result = run(tools, project, policy_file, "daemon")
-    assert result.code == RequestCode.LEFTOVER_PROCESSES and result.leftovers_killed >= 1 and not result.ok
+    if isolation_mode == "bwrap":
+        # In bwrap's pid namespace the daemon dies with its pid 1, by the kernel: nothing is left over.
+        assert result.confinement_details["cleanup"] == "pidns"
+    else:
+        assert result.code == RequestCode.LEFTOVER_PROCESSES and result.leftovers_killed >= 1 and not result.ok
+    alive = [p for p in psutil.process_iter(["cmdline", "status"])
+             if str(project) in " ".join(p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE]
+    assert alive == []
     assert ledger_kinds(home)[-1] == "run-request-end"
 
 
@@ -174,17 +188,35 @@ def test_rows_link_start_and_end(tools, project, policy_file, home) -> None:
 
 @pytest.mark.parametrize("target", ["ledger", "head", "policy"])
 def test_a_changed_ledger_or_dispatch_file_raises_and_nothing_more_is_recorded(
-    target, tools, project, policy_file, home
+    target, tools, project, policy_file, home, isolation_mode
 ) -> None:
     run(tools, project, policy_file, "exit", "0")  # control: the untouched ledger accounts normally
     assert ledger_kinds(home)[-1] == "run-request-end"
     path = {"ledger": home / "ledger.sqlite3", "head": home / "ledger.head", "policy": policy_file}[target]
     rows_before = len(ledger_rows(home))
+    original = path.read_bytes()
+    if isolation_mode == "bwrap":
+        # $PROCTOR_HOME is an empty read-only folder to the command: the edit cannot even be made.
+        result = run(tools, project, policy_file, "tamper", str(path))
+        assert result.ran and result.exit != 0 and result.code == RequestCode.EXIT_NONZERO
+        assert str(real_home(home)) in result.hidden and result.exposed == []
+        assert ledger_kinds(home)[-1] == "run-request-end"  # accounted normally: nothing was tampered with
+        with Ledger(home / "ledger.sqlite3") as led:
+            assert led.verify() == []
+        if target == "policy":
+            assert path.read_bytes() == original
+        return
     with pytest.raises(LedgerTamperedError) as info:
         run(tools, project, policy_file, "tamper", str(path))
     assert info.value.code == RequestCode.LEDGER_TAMPERED and str(path) in info.value.message
     kinds = ledger_kinds(home)
     assert len(kinds) == rows_before + 1 and kinds[-1] == "run-request-start"
+    if target == "policy":  # the allowlist is put back; the ledger never is (that would hide a real row)
+        assert path.read_bytes() == original and "put back" in info.value.message
+
+
+def real_home(home: Path) -> Path:
+    return Path(os.path.realpath(home))
 
 
 GIT_TARGETS = [".git/refs/heads/master", ".git/objects/info/alternates", ".git/modules/sub/hooks/post-checkout",
@@ -205,10 +237,17 @@ name = "git-status"
 argv = [{toml_str(gitbin)}, "status", "--porcelain"]
 """))
     original = (project / target).read_bytes() if (project / target).exists() else None
-    with pytest.raises(UndeclaredWritesError) as info:
-        run_request(request(tools, "write", str(project / target)), project=project, policy=pol)
-    assert target in info.value.result.undeclared_writes and (project / target).exists()
-    if original is None:
+    try:
+        result = run_request(request(tools, "write", str(project / target)), project=project, policy=pol)
+        # Only where the OS refused the write: hooks/ is mounted read-only (bwrap), so nothing changed.
+        assert target == ".git/hooks/post-checkout" and result.exit != 0 and result.undeclared_writes == []
+    except UndeclaredWritesError as exc:
+        assert target in exc.result.undeclared_writes
+        if target == ".git/hooks/post-checkout":  # without bwrap: seen, and put back
+            assert any(r.startswith(str(project / ".git" / "hooks")) for r in exc.result.rolled_back)
+    if target == ".git/hooks/post-checkout":
+        assert not (project / target).exists()  # a planted hook never survives the run
+    elif original is None:
         (project / target).unlink()
     else:
         (project / target).write_bytes(original)
@@ -223,7 +262,8 @@ argv = [{toml_str(gitbin)}, "status", "--porcelain"]
 
 @pytest.mark.parametrize("name", ["signers.toml", "keys/host.key", "keys/new.key", "config.toml", "policy.toml",
                                   "commands.toml"])
-def test_a_command_rewriting_proctor_trust_or_config_is_tamper(name, tools, project, home, tmp_path) -> None:
+def test_a_command_rewriting_proctor_trust_or_config_is_tamper(name, tools, project, home, tmp_path,
+                                                               isolation_mode) -> None:
     (home / "keys").mkdir()
     for n in ("signers.toml", "keys/host.key", "config.toml", "policy.toml"):
         (home / n).write_text("trusted\n")
@@ -237,9 +277,18 @@ argv = [{toml_str(PY)}, {toml_str(tools / "act.py")}, "tamper", {toml_str(target
     (home / "commands.toml").write_text(pol.read_text())
     run(tools, project, pol, "exit", "0")  # control: untouched, the run accounts normally
     assert ledger_kinds(home)[-1] == "run-request-end"
-    with pytest.raises(LedgerTamperedError) as info:
-        run_request({**request(tools), "argv": [PY, str(tools / "act.py"), "tamper", str(target)]}, project=project,
-                    policy=pol)
-    assert info.value.code == RequestCode.LEDGER_TAMPERED and str(target.parent if name == "keys/new.key"
-                                                                  else target) in info.value.message
-    assert ledger_kinds(home)[-1] == "run-request-start"
+    before = {n: (home / n).read_bytes() for n in ("signers.toml", "keys/host.key", "config.toml", "policy.toml",
+                                                   "commands.toml")}
+    tamper = {**request(tools), "argv": [PY, str(tools / "act.py"), "tamper", str(target)]}
+    if isolation_mode == "bwrap":
+        result = run_request(tamper, project=project, policy=pol)  # impossible: the home is not there
+        assert result.ran and result.exit != 0 and ledger_kinds(home)[-1] == "run-request-end"
+    else:
+        with pytest.raises(LedgerTamperedError) as info:
+            run_request(tamper, project=project, policy=pol)
+        assert info.value.code == RequestCode.LEDGER_TAMPERED and str(target.parent if name == "keys/new.key"
+                                                                      else target) in info.value.message
+        assert ledger_kinds(home)[-1] == "run-request-start" and "put back" in info.value.message
+    # Either way the edit does not stay: every trust and config file holds its old bytes, no new key.
+    assert {n: (home / n).read_bytes() for n in before} == before
+    assert sorted(os.listdir(home / "keys")) == ["host.key"]

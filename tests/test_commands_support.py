@@ -6,6 +6,7 @@ Imported by the other test_commands_* modules; it holds no tests of its own.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -61,8 +62,11 @@ elif action == "sleep":
         fh.write("written before the deadline\n")
     time.sleep(int(args[0]))
 elif action == "tamper":
-    with open(args[0], "ab") as fh:
-        fh.write(b"\0")
+    try:
+        with open(args[0], "ab") as fh:
+            fh.write(b"\0")
+    except OSError as exc:
+        sys.exit(f"tamper refused: {exc}")
 elif action == "daemon":
     if os.fork() == 0:
         os.setsid()
@@ -70,11 +74,13 @@ elif action == "daemon":
             time.sleep(120)
         os._exit(0)
     time.sleep(0.3)
+elif action == "say":
+    sys.stdout.write(" ".join(args)); sys.stderr.write(" ".join(args))
 elif action == "exit":
     sys.exit(int(args[0]))
 '''
 
-ACTIONS = ["write", "delete", "rename", "chmod", "rewrite", "env", "stdin", "daemon"]
+ACTIONS = ["write", "delete", "rename", "chmod", "rewrite", "env", "stdin", "daemon", "say"]
 
 
 def git(*args: str, cwd: Path) -> str:
@@ -116,6 +122,22 @@ def project(tmp_path: Path) -> Path:
     git("commit", "-qm", "init", cwd=p)
     (p / "notes.txt").write_text("untracked\n")
     return p
+
+
+@pytest.fixture(params=["bwrap", "none"])
+def isolation_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """`bwrap`: unconfined runs hide proctor's state in a mount namespace, as they do wherever bwrap runs;
+    `none`: the same machine with bwrap taken away, the fallback that can only detect and put back."""
+    from proctor.commands import isolation
+    from proctor.confine import detect
+
+    caps = detect()
+    if request.param == "bwrap" and caps.bwrap is None:
+        pytest.skip(f"bwrap cannot run here: {caps.bwrap_reason}")
+    if request.param == "none":
+        gone = dataclasses.replace(caps, bwrap=None, bwrap_reason="bwrap taken away by the test")
+        monkeypatch.setattr(isolation, "capabilities", lambda: gone)
+    return request.param
 
 
 def toml_str(s: str | Path) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from proctor import worktree
+from proctor.job import worktree
 from proctor.confine import ConfineRequest, LayeredConfiner, Unavailable, detect, job_roots, refuse_hard_links
 
 CAPS = detect()

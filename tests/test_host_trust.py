@@ -403,3 +403,95 @@ def test_what_validation_plants_never_reaches_the_review_checkout(tmp_path):
     assert not marker.exists(), "a reviewer's git status ran what validation planted"
     assert sh("git", "status", "--porcelain", cwd=wt) == ""
     branch_holds_exactly(res)
+
+
+# -- 6. the agent's network is its adapter's declared hosts only ------------------------------------------
+
+NET_AGENT = r'''
+import os, socket, sys
+model, nats = int(sys.argv[1]), int(sys.argv[2])
+out = []
+proxy = os.environ.get("HTTPS_PROXY", "")
+def via_proxy(port):
+    if not proxy:
+        return "no proxy"
+    host, pport = proxy.rsplit("/", 1)[-1].rsplit(":", 1)
+    try:
+        s = socket.create_connection((host, int(pport)), timeout=5)
+        s.sendall(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+        head = s.recv(4096).split(b"\r\n", 1)[0].decode()
+        if " 200" in head:
+            s.sendall(b"ping\n")
+            head += " " + s.recv(100).decode().strip()
+        return head
+    except OSError as exc:
+        return f"error {exc.errno}"
+def direct(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=3).sendall(b"x")
+        return "connected"
+    except OSError as exc:
+        return f"error {exc.errno}"
+out.append(f"model-proxy: {via_proxy(model)}")
+out.append(f"nats-proxy: {via_proxy(nats)}")
+out.append(f"nats-direct: {direct(nats)}")
+open("net.txt", "w").write("\n".join(out) + "\n")
+'''
+
+
+def _tcp_server(reply: bytes):
+    import socket as _s
+    import threading
+
+    srv = _s.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    hits = []
+
+    def serve():
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            hits.append(1)
+            try:
+                c.settimeout(3)
+                c.recv(100)
+                c.sendall(reply)
+            except OSError:
+                pass
+            c.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv, hits
+
+
+@needs_confinement
+def test_network_is_the_declared_hosts_through_the_proxy_and_each_connect_is_a_row(tmp_path):
+    from proctor.ledger import Ledger
+
+    model, model_hits = _tcp_server(b"pong from the model\n")
+    nats, nats_hits = _tcp_server(b"INFO {}\n")
+    mport, nport = model.getsockname()[1], nats.getsockname()[1]
+    repo = make_repo(tmp_path, {"README.md": "hello\n", "netagent.py": NET_AGENT})
+
+    def cfg(confine: str) -> object:
+        p = tmp_path / f"net-{confine}.toml"
+        p.write_text(f'confine = "{confine}"\n[agents.net]\ncommand = ["{sys.executable}", "netagent.py", '
+                     f'"{mport}", "{nport}"]\nprompt = "stdin"\nnetwork = true\negress = ["127.0.0.1:{mport}"]\n')
+        return load_config(p)
+
+    req = RunAgentRequest(agent="net", task="t", repo=str(repo), ticket="T", validateCommand="true")
+    control = run_agent(req, config=cfg("off"))
+    assert "nats-direct: connected" in (Path(control.worktree_path) / "net.txt").read_text(), control
+
+    res = run_agent(req, config=cfg("required"))
+    net = (Path(res.worktree_path) / "net.txt").read_text()
+    assert "model-proxy: HTTP/1.1 200" in net and "pong from the model" in net, net
+    assert "nats-proxy: HTTP/1.1 403" in net and "nats-direct: error" in net, net
+    assert res.confinement_details["network"] == "proxy"
+    rows = [r.payload for r in Ledger.default().rows(kind="egress.decision", job_id=res.job_id)]
+    assert [(r["port"], r["allowed"]) for r in rows] == [(mport, True), (nport, False)], rows
+    model.close()
+    nats.close()

@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from proctor import cgroup
-from proctor.process import LocalRunner, Spawn, Tail
+from proctor.job import cgroup
+from proctor.job.process import LocalRunner, Spawn, Tail
 
 PY = sys.executable
 CGROUP = cgroup.parent_dir() is not None

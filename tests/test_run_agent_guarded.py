@@ -18,7 +18,8 @@ import psutil
 import pytest
 
 from conftest import sh
-from proctor import RunAgentRequest, Status, cgroup, run_agent
+from proctor import RunAgentRequest, Status, run_agent
+from proctor.job import cgroup
 from proctor.confine import detect
 from proctor.config import load_config
 from proctor.contract import Code

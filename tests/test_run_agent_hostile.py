@@ -15,7 +15,7 @@ from pathlib import Path
 from conftest import sh
 from proctor import RunAgentRequest, Status, run_agent
 from proctor.adapters.output import READERS, ClaudeStreamWatch
-from proctor.classify import Patterns, classify
+from proctor.job.classify import Patterns, classify
 from proctor.config import load_config
 from proctor.contract import Code
 from proctor.testing import Behaviour

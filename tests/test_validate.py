@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from proctor import validate
-from proctor.process import LocalRunner
+from proctor.job import validate
+from proctor.job.process import LocalRunner
 
 
 def layout(root: Path, files: dict[str, str]) -> Path:

@@ -11,9 +11,12 @@ import threading
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from proctor.process import Watch
+from proctor.job.process import Watch
+from proctor.terminal import visible
 
 if TYPE_CHECKING:
+    from rich.text import Text
+
     from proctor.contract import RunAgentResult
 
 
@@ -35,30 +38,47 @@ class NullProgress:
 
 
 class RichProgress:
-    """A live status line; the agent's output is shown, never parsed, here."""
+    """A live status line; the agent's output is shown, never parsed, here.
+
+    Every piece of text shown passes through `terminal.visible` and is drawn as a rich `Text` (no markup,
+    no emoji codes): no byte of the agent's reaches the terminal as a control sequence, so the spinner's
+    redraws repeat nothing the agent chose. stdout and stderr are not redirected through the live display.
+    """
+
+    LAST_CHARS = 100  # of the agent's raw last line
+    SHOWN_CHARS = 200  # of its escaped form
 
     def __init__(self) -> None:
         from rich.console import Console
+        from rich.live import Live
+        from rich.spinner import Spinner
 
-        self.console = Console(stderr=True)
+        self.console = Console(stderr=True, markup=False, emoji=False, highlight=False)
         self._start = time.monotonic()
         self._phase = "starting"
         self._last = ""
         self._lock = threading.Lock()
-        self._status = self.console.status(self._text())
-        self._status.start()
+        self._spinner = Spinner("dots", text=self._text())
+        self._live = Live(self._spinner, console=self.console, refresh_per_second=12.5, transient=True,
+                          redirect_stdout=False, redirect_stderr=False)
+        self._live.start()
 
-    def _text(self) -> str:
-        from rich.markup import escape
+    def _text(self) -> Text:
+        from rich.text import Text
 
         elapsed = time.monotonic() - self._start
-        last = f"  [dim]{escape(self._last[-100:])}[/dim]" if self._last else ""
-        return f"[bold]{escape(self._phase)}[/bold] {elapsed:6.1f}s{last}"
+        text = Text.assemble((visible(self._phase), "bold"), f" {elapsed:6.1f}s")
+        if self._last:
+            last = visible(self._last[-self.LAST_CHARS:])
+            if len(last) > self.SHOWN_CHARS:
+                last = "…" + last[-self.SHOWN_CHARS:]
+            text.append("  " + last, style="dim")
+        return text
 
     def phase(self, name: str) -> None:
         with self._lock:
             self._phase = name
-            self._status.update(self._text())
+            self._spinner.update(text=self._text())
 
     def watch(self, inner: Watch | None) -> Watch:
         def w(stream: str, chunk: bytes) -> str | None:
@@ -66,15 +86,19 @@ class RichProgress:
             if lines:
                 with self._lock:
                     self._last = lines[-1]
-                    self._status.update(self._text())
+                    self._spinner.update(text=self._text())
             return inner(stream, chunk) if inner else None
 
         return w
 
     def done(self, result: RunAgentResult) -> None:
-        self._status.stop()
-        self.console.print(f"[bold]{result.status.value}[/bold] ({result.code.value}) in "
-                           f"{result.duration_seconds:.1f}s; worktree {result.worktree_path}")
+        from rich.text import Text
+
+        self._live.stop()
+        self.console.print(Text.assemble(
+            (visible(result.status.value), "bold"),
+            f" ({visible(result.code.value)}) in {result.duration_seconds:.1f}s; worktree "
+            f"{visible(result.worktree_path)}"))
 
 
 def for_stderr() -> Progress:

@@ -23,6 +23,7 @@ from proctor.commands import (
     run_request,
 )
 from proctor.commands.result import CommandResult
+from proctor.terminal import json_safe
 
 
 def _refusal(code: RequestCode, message: str, status: int, raw: Any = None) -> NoReturn:
@@ -30,12 +31,13 @@ def _refusal(code: RequestCode, message: str, status: int, raw: Any = None) -> N
     if isinstance(raw, dict):
         body["agent"] = raw.get("agent")
         body["argv"] = raw.get("argv")
-    click.echo(json.dumps(body, indent=2))
+    click.echo(json_safe(json.dumps(body, indent=2)))
     sys.exit(status)
 
 
 def _result(result: CommandResult) -> NoReturn:
-    click.echo(result.to_json())
+    # pydantic writes DEL, C1 and bidi characters raw (the command's stdout is in the result): escaped here.
+    click.echo(json_safe(result.to_json()))
     sys.exit(0 if result.ok else 1)
 
 

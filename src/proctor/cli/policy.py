@@ -22,15 +22,18 @@ from proctor.ledger import LEDGER_FILE, Ledger
 from proctor.policy import Policy, PolicyError
 from proctor.stop import StopSwitch
 from proctor.task import AgentTask, ToolCall
+from proctor.terminal import json_safe, visible
 
 
 def _unusable(message: str) -> NoReturn:
-    click.echo(f"proctor: {message}", err=True)
+    click.echo(f"proctor: {visible(message)}", err=True)
     sys.exit(2)
 
 
 def _emit(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=False))
+    # ensure_ascii (the default) writes every non-ASCII character, C1 and bidi included, as \uXXXX;
+    # json_safe keeps that true should the setting ever change.
+    click.echo(json_safe(json.dumps(data, indent=2, sort_keys=False)))
 
 
 def _load(path: str, model: type[BaseModel], what: str) -> Any:
@@ -128,7 +131,7 @@ def ledger_verify_cmd() -> None:
         count = len(ledger.rows())
         _emit({"ok": not problems, "rows": count, "problems": problems, "path": str(ledger.path)})
     if problems:
-        click.echo(f"proctor: ledger tampered: {problems[0]}", err=True)
+        click.echo(f"proctor: ledger tampered: {visible(problems[0])}", err=True)
         sys.exit(1)
 
 
@@ -166,5 +169,11 @@ def jobs_cmd(as_json: bool) -> None:
         click.echo("no jobs")
         return
     for job in jobs:
-        click.echo(f"{job['jobId']}  {job.get('status') or '?':<17} {job.get('code') or '':<18} "
-                   f"{job.get('agent') or '?':<10} {job.get('ticket') or '':<20} {job.get('started') or ''}")
+        # Every field comes from ledger rows, which the agent's side may have shaped (a ticket, a path, a
+        # status string): each is made visible before a terminal sees it, and padded after, by its shown width.
+        click.echo(f"{_cell(job['jobId'])}  {_cell(job.get('status'), '?'):<17} {_cell(job.get('code')):<18} "
+                   f"{_cell(job.get('agent'), '?'):<10} {_cell(job.get('ticket')):<20} {_cell(job.get('started'))}")
+
+
+def _cell(value: Any, missing: str = "") -> str:
+    return visible(value) if value not in (None, "") else missing

@@ -31,13 +31,14 @@ from proctor.queue.kinds import NoopRunner, ProcessAgentRunner
 from proctor.queue.listener import Listener, Settings
 from proctor.queue.signers import TrustFileError, TrustStore, load_trust
 from proctor.queue.store import JobStore
+from proctor.terminal import visible
 
 queue_option = click.option("--queue", "queue_url", envvar="PROCTOR_QUEUE",
                             help="NATS URL of a shared server (else $PROCTOR_QUEUE, else the bundled local one).")
 
 
 def fail(message: str) -> NoReturn:
-    click.echo(f"proctor: {message}", err=True)
+    click.echo(f"proctor: {visible(message)}", err=True)
     sys.exit(2)
 
 

@@ -11,12 +11,14 @@ import click
 from proctor.cli import main
 from proctor.config import ConfigError, load_config
 from proctor.contract import Code, RunAgentResult, Status, parse_request
-from proctor.host import refused, run_agent
+from proctor.job.host import refused, run_agent
 from proctor.progress import for_stderr
+from proctor.terminal import json_safe
 
 
 def emit(result: RunAgentResult) -> None:
-    click.echo(result.to_json())
+    # JSON escapes C0 but pydantic writes C1 and bidi characters raw: the agent's summary reaches a terminal.
+    click.echo(json_safe(result.to_json()))
     sys.exit(0 if result.status is Status.completed else 1)
 
 

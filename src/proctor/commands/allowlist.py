@@ -19,6 +19,7 @@ It never runs anything and never reads the request from disk. Default file: `$PR
     timeout_s = 120
     env = {PYTHONDONTWRITEBYTECODE = "1"}   # fixed values; env_pass = ["NAME"] passes one from the host
     confinement = {profile = "confined", exec_paths = ["/usr"]}
+    read_home = false                       # default: $HOME hidden; $PROCTOR_HOME is, always
     stdin_gates = [{type = "max_bytes", limit = 65536}]
     match = [["python3", "-m", "pytest", "-q", "tests/test_a.py"]]
     not_match = [["python3", "-m", "pytest", "-q", "--rootdir=/"]]
@@ -87,6 +88,9 @@ class Entry(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     env_pass: list[str] = Field(default_factory=list)
     confinement: Confinement = Field(default_factory=Confinement)
+    read_home: bool = False
+    """Let the command read the user's home (`$HOME`, the uid's login home, `$XDG_RUNTIME_DIR`), read-only
+    where bwrap runs. Off: hidden, but for what the command itself needs there (the project, the program)."""
     stdin_gates: list[Gate] = Field(default_factory=list)
     match: list[list[str]] = Field(default_factory=list)
     not_match: list[list[str]] = Field(default_factory=list)

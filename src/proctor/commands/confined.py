@@ -102,12 +102,16 @@ def check(entry: Entry, program: Path, plane: ControlPlane, *, confine: bool) ->
     return Grant(confiner, tuple(roots))
 
 
-def wrap(grant: Grant, program: Path, argv: Sequence[str], cwd: Path, plane: ControlPlane) -> ConfinedRun:
-    """The confined argv and env; the caller removes `tmpdir` after the run."""
+def wrap(grant: Grant, program: Path, argv: Sequence[str], cwd: Path, plane: ControlPlane,
+         hidden: Sequence[Path] = (), readable: Sequence[Path] = ()) -> ConfinedRun:
+    """The confined argv and env; the caller removes `tmpdir` after the run. `hidden` may not even be read
+    (isolation.hidden_paths): a read-only bind of a protected path inside one would show it again."""
     tmpdir = Path(tempfile.mkdtemp(prefix="proctor-cmd-"))
-    readonly = tuple(p for p in (plane.project, *plane.protected) if os.path.lexists(p))
+    readonly = tuple(p for p in (plane.project, *plane.protected, *readable) if os.path.lexists(p)
+                     and not any(p == h or p.is_relative_to(h) for h in hidden))
     req = ConfineRequest(
-        worktree=tmpdir, git_paths=(), readonly=readonly, tmpdir=tmpdir, state_dirs=grant.roots, network=False
+        worktree=tmpdir, git_paths=(), readonly=readonly, tmpdir=tmpdir, state_dirs=grant.roots, network=False,
+        hidden=tuple(hidden),
     )
     env_prog = shutil.which("env", path=os.defpath) or "/usr/bin/env"
     wrapped = grant.confiner.wrap([env_prog, "-C", str(cwd), str(program), *argv[1:]], req)

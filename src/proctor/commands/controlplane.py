@@ -78,10 +78,14 @@ def build(
     return ControlPlane(proj, tuple(dict.fromkeys(protected)), tuple(dict.fromkeys(tamper)))
 
 
+# Proctor's own trust and configuration in its home (pinned and put back after every run, pins.py).
+HOME_CONTROL_FILES = ("signers.toml", "config.toml", "policy.toml", "commands.toml", "keys")
+
+
 def _home_files(home: Path) -> list[Path]:
     """Proctor's own trust and configuration in its home: who may sign, its keys, its config and policy, the
     default allowlist. `keys` itself too: its ctime moves when a key file is added or removed."""
-    files = [home / n for n in ("signers.toml", "config.toml", "policy.toml", "commands.toml")]
+    files = [home / n for n in HOME_CONTROL_FILES if n != "keys"]
     keys = home / "keys"
     files.append(keys)
     try:

@@ -43,6 +43,17 @@ class CommandResult(BaseModel):
     confinement: str = "none"
     confinement_details: dict[str, Any] | None = None
     confinement_gaps: list[str] = Field(default_factory=list)
+    confined: bool = False
+    """Ran under the entry's confined profile; false: unconfined, as the allowlist allowed (see the gaps)."""
+    hidden: list[str] = Field(default_factory=list)
+    """What the command could not read: $PROCTOR_HOME always, the user's home unless `read_home`."""
+    exposed: list[str] = Field(default_factory=list)
+    """What should have been hidden and was readable (no mount namespace on this host): said, not hidden."""
+    outside_writes: list[str] = Field(default_factory=list)
+    """Writes seen outside the project (absolute paths); also in `undeclared_writes`."""
+    rolled_back: list[str] = Field(default_factory=list)
+    """Control files (proctor's trust and config, the allowlist, briefs, git config and hooks) the command
+    changed and the host put back."""
 
     @property
     def ok(self) -> bool:

@@ -2,9 +2,10 @@
 
 Owns the order (DESIGN.md 5): 1 shape and identity, 2 arguments, 3 allowlist, 4 declared writes,
 5 confinement, 6 stdin; then the project must be a git worktree's top level (fail closed). Running: a
-write-ahead `run-request-start` row, the control files' fingerprints, a snapshot, the command (own process
-group and job cgroup via proctor.process, scrubbed env, no shell, capped timeout and output), a second
-snapshot, the fingerprints again, the diff. Rows: `run-request-end`, `run-request-refused` (every
+write-ahead `run-request-start` row, the control files' fingerprints and pinned bytes (pins.py), a snapshot,
+the command (own process group and job cgroup via proctor.job.process, scrubbed env, no shell, capped timeout
+and output; confined, or unconfined in a mount namespace that hides $PROCTOR_HOME and the home:
+isolation.py), the fingerprints again, every pinned control file put back, a second snapshot, the diff. Rows: `run-request-end`, `run-request-refused` (every
 ProposalError, not under dry_run), `run-request-undeclared-writes`; after tampering, none.
 It never decides what a row means later (the ledger's `verify` and its readers do).
 """
@@ -13,26 +14,28 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from proctor.commands import confined, controlplane, snapshot
+from proctor.commands import confined, controlplane, isolation, snapshot
 from proctor.commands.allowlist import MAX_COMMAND_TIMEOUT_S, Allowlist, Entry
 from proctor.commands.controlplane import ControlPlane, real
 from proctor.commands.declared import DeclaredWrites, declare
 from proctor.commands.environment import resolve_program, scrubbed_env
 from proctor.commands.errors import LedgerTamperedError, ProposalError, RequestCode, UndeclaredWritesError
 from proctor.commands.gates import first_failure
+from proctor.commands.pins import Pins
 from proctor.commands.request import CommandRequest, StdinContent, read_request, read_stdin
 from proctor.commands.result import CommandResult
-from proctor.git import git
+from proctor.job.git import git
 from proctor.home import proctor_home
 from proctor.ledger import Ledger
 from proctor.policy import check_workspace
-from proctor.process import Exit, LocalRunner, ProcessRunner, Spawn
+from proctor.job.process import Exit, LocalRunner, ProcessRunner, Spawn
 
 
 class _Journal:
@@ -85,6 +88,9 @@ class _Plan:
     grant: confined.Grant | None
     watch: tuple[Path, ...]
     timeout_s: float
+    git_dirs: tuple[Path, ...]
+    hiding: isolation.Hiding
+    pin_paths: tuple[Path, ...]
 
     def result(self, **fields: Any) -> CommandResult:
         return CommandResult(
@@ -177,10 +183,30 @@ def _prepare(
     stdin = _stdin(admitted.stdin, entry, plane)  # 6
     git_dirs = _worktree(plane)
     timeout = min(entry.timeout_s, MAX_COMMAND_TIMEOUT_S, timeout_cap if timeout_cap is not None else float("inf"))
+    try:
+        hiding = isolation.hidden_paths(entry, plane, proctor_home(), program, git_dirs)
+    except isolation.TooManyToHide as exc:
+        raise ProposalError(RequestCode.CONFINEMENT_UNAVAILABLE, f"cannot hide the home: {exc}") from None
+    plane = plane.with_git_dirs(git_dirs)
     return _Plan(
-        req, entry, plane.with_git_dirs(git_dirs), declared, program, cwd, env, stdin, grant,
-        tuple(snapshot.git_watch_paths(git_dirs)), timeout,
+        req, entry, plane, declared, program, cwd, env, stdin, grant,
+        tuple(snapshot.git_watch_paths(git_dirs)), timeout, git_dirs, hiding,
+        tuple(_pin_paths(plane, proctor_home(), allow, git_dirs)),
     )
+
+
+def _pin_paths(plane: ControlPlane, home: Path, allow: Allowlist, git_dirs: tuple[Path, ...]) -> list[Path]:
+    """What is put back after the run (pins.py): proctor's trust and config, the allowlist, the briefs, and
+    the git files that would run code at the next `git`."""
+    paths = [real(home) / n for n in controlplane.HOME_CONTROL_FILES]
+    if allow.source is not None:
+        paths.append(allow.source)
+    for brief in allow.file.protected:
+        paths.append(real(brief if os.path.isabs(brief) else plane.project / brief))
+    for d in git_dirs:
+        paths += [d / n for n in ("config", "config.worktree", "hooks", "commondir", "gitdir")]
+    paths.append(plane.project / ".git")  # a linked worktree's pointer file (a folder is pinned by its parts)
+    return [p for p in dict.fromkeys(paths) if not (p == plane.project / ".git" and p.is_dir())]
 
 
 def _agent_and_argv(request: CommandRequest | Mapping[str, Any]) -> tuple[Any, Any]:
@@ -194,10 +220,13 @@ def _agent_and_argv(request: CommandRequest | Mapping[str, Any]) -> tuple[Any, A
 
 
 def _result(
-    plan: _Plan, done: Exit, changes: snapshot.Changes, run: confined.ConfinedRun | None, request_id: str
+    plan: _Plan, done: Exit, changes: snapshot.Changes, run: confined.ConfinedRun | isolation.UnconfinedRun,
+    request_id: str, outside: list[str], rolled_back: list[str], unpinned: list[str],
 ) -> CommandResult:
-    undeclared = plan.declared.undeclared(changes.paths, changes.folders)
-    pidns = run is not None and run.details.get("cleanup") == "pidns"
+    undeclared = plan.declared.undeclared(changes.paths, changes.folders) + outside
+    pidns = run.details.get("cleanup") == "pidns"
+    is_confined = isinstance(run, confined.ConfinedRun)
+    hidden_by_os = is_confined or run.isolation != "none"
     return plan.result(
         exit=done.exit_code,
         duration_ms=int(done.duration_s * 1000),
@@ -213,9 +242,14 @@ def _result(
         stdout_dropped=done.stdout_dropped,
         stderr_dropped=done.stderr_dropped,
         leftovers_killed=done.leftovers_killed,
-        confinement=run.confinement if run else "none",
-        confinement_details=run.details if run else None,
-        confinement_gaps=run.gaps if run else [],
+        confinement=run.confinement if is_confined else "none",
+        confinement_details=run.details,
+        confinement_gaps=[*run.gaps, *(f"not pinned, so not put back if changed: {u}" for u in unpinned)],
+        confined=is_confined,
+        hidden=[str(p) for p in plan.hiding.roots] if hidden_by_os else [],
+        exposed=[] if hidden_by_os else [str(p) for p in plan.hiding.roots],
+        outside_writes=outside,
+        rolled_back=rolled_back,
     )
 
 
@@ -238,21 +272,42 @@ def _execute(plan: _Plan, journal: _Journal, runner: ProcessRunner) -> CommandRe
     req = plan.request
     request_id = f"rr-{uuid.uuid4().hex[:16]}"
     stdin_bytes = plan.stdin.content.encode("utf-8") if plan.stdin is not None else None
+    run: confined.ConfinedRun | isolation.UnconfinedRun
+    tmpdir: Path | None = None
     try:
-        run = confined.wrap(plan.grant, plan.program, req.argv, plan.cwd, plan.plane) if plan.grant else None
+        if plan.grant is not None:
+            run = confined.wrap(plan.grant, plan.program, req.argv, plan.cwd, plan.plane, plan.hiding.paths,
+                                plan.hiding.readable_homes)
+            tmpdir = run.tmpdir
+        else:
+            # Unconfined, as the allowlist allows: still in a mount namespace that hides proctor's state.
+            tmpdir = Path(tempfile.mkdtemp(prefix="proctor-cmd-"))
+            run = isolation.unconfined([str(plan.program), *req.argv[1:]], plan.cwd, plan.plane, plan.hiding,
+                                       plan.git_dirs, tmpdir)
     except ProposalError as exc:
         journal.append("run-request-refused", _refusal_row(req.agent, list(req.argv), exc), request_id)
         raise
     try:
         return _run(plan, journal, runner, run, request_id, stdin_bytes)
     finally:
-        if run is not None and run.tmpdir is not None:
-            shutil.rmtree(run.tmpdir, ignore_errors=True)
+        if tmpdir is not None:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _wrapped_spawn_error(plan: _Plan, run: confined.ConfinedRun | isolation.UnconfinedRun, done: Exit) -> str | None:
+    """Inside bwrap the program is started by `env -C`: its exec failure is env's exit 126/127 and one line."""
+    if run.argv[:1] == [str(plan.program)] or done.exit_code not in (126, 127):
+        return None
+    err = done.stderr.decode("utf-8", "replace").strip()
+    head, _, why = err.partition(": ")
+    if "\n" in err or not (head == "env" or head.endswith("/env")) or str(plan.program) not in why:
+        return None
+    return why
 
 
 def _run(
-    plan: _Plan, journal: _Journal, runner: ProcessRunner, run: confined.ConfinedRun | None, request_id: str,
-    stdin_bytes: bytes | None,
+    plan: _Plan, journal: _Journal, runner: ProcessRunner, run: confined.ConfinedRun | isolation.UnconfinedRun,
+    request_id: str, stdin_bytes: bytes | None,
 ) -> CommandResult:
     req, entry = plan.request, plan.entry
     start_row = journal.append(
@@ -261,42 +316,65 @@ def _run(
             "agent": req.agent, "argv": list(req.argv), "cwd": entry.cwd, "entry": entry.name,
             "purpose": req.purpose, "expected_writes": list(req.expected_writes), "project": str(plan.plane.project),
             "timeout_s": plan.timeout_s, "confine": plan.grant is not None,
+            "hidden_by": run.confinement if isinstance(run, confined.ConfinedRun) else run.isolation,
             "stdin": None if plan.stdin is None else {"path": plan.stdin.path, "bytes": len(stdin_bytes or b"")},
         },
         request_id,
     )
-    argv = run.argv if run else [str(plan.program), *req.argv[1:]]
-    env = {**plan.env, **run.env} if run else plan.env
+    argv, env = run.argv, {**plan.env, **run.env}
     # Fingerprinted after the start row, so only a change during the run counts. The ledger is shared by
     # every job on this host: one appending to it while a command runs reads as tampering too (fail closed).
     tamper_before = controlplane.fingerprints(plan.plane.tamper_files)
-    before = snapshot.take(plan.plane.project, plan.watch)
-    done = runner.run(
-        Spawn(argv=argv, cwd=plan.cwd, env=env, deadline_s=plan.timeout_s, stdin=stdin_bytes,
-              tail_bytes=entry.max_output_bytes, name=request_id)
-    )
-    if done.spawn_error is not None:
-        exc = ProposalError(RequestCode.SPAWN_FAILED, f"{entry.program!r} could not start: {done.spawn_error}")
+    pins = Pins.take(plan.pin_paths)
+    restore: tuple[list[str], list[str]] | None = None
+    try:
+        homes = None
+        if not isinstance(run, confined.ConfinedRun) and run.isolation == "none":
+            skip = (plan.plane.project, *plan.git_dirs, real(proctor_home()))
+            homes = isolation.HomeWatch.take(isolation.user_homes(), skip)
+        before = snapshot.take(plan.plane.project, plan.watch)
+        done = runner.run(
+            Spawn(argv=argv, cwd=plan.cwd, env=env, deadline_s=plan.timeout_s, stdin=stdin_bytes,
+                  tail_bytes=entry.max_output_bytes, name=request_id)
+        )
+        outside = homes.changed() if homes is not None else []
+        # Fingerprints first (a restore moves them too), then every control file is put back.
+        moved = controlplane.changed(tamper_before, controlplane.fingerprints(plan.plane.tamper_files))
+        restore = pins.restore()
+    finally:
+        if restore is None:  # the run itself raised: still put every control file back
+            pins.restore()
+        pins.close()
+    rolled_back, unrestored = restore
+    if unrestored:
+        raise LedgerTamperedError(
+            f"{entry.name!r} changed control files that could not be put back: {unrestored[:5]}; "
+            f"put back: {rolled_back[:5]}; nothing more is recorded for request {request_id}"
+        )
+    spawn_error = done.spawn_error if done.spawn_error is not None else _wrapped_spawn_error(plan, run, done)
+    if spawn_error is not None:
+        exc = ProposalError(RequestCode.SPAWN_FAILED, f"{entry.program!r} could not start: {spawn_error}")
         journal.append(
             "run-request-refused", {**_refusal_row(req.agent, list(req.argv), exc), "start_row": start_row},
             request_id,
         )
         raise exc
     after = snapshot.take(plan.plane.project, plan.watch, reference=before)
-    moved = controlplane.changed(tamper_before, controlplane.fingerprints(plan.plane.tamper_files))
     if moved:
         problems = journal.problems()
         raise LedgerTamperedError(
             f"{moved} changed while {entry.name!r} ran; nothing more is recorded for request {request_id}"
+            + (f"; put back: {rolled_back}" if rolled_back else "")
             + (f"; ledger verify: {problems[:3]}" if problems else "")
         )
     changes = snapshot.diff(before, after)
-    result = _result(plan, done, changes, run, request_id)
+    result = _result(plan, done, changes, run, request_id, outside, rolled_back, pins.unpinned)
     undeclared = result.undeclared_writes
     row = {
         "start_row": start_row, "agent": req.agent, "entry": entry.name, "exit": result.exit,
         "code": result.code.value, "timed_out": result.timed_out, "duration_ms": result.duration_ms,
         "truncated": result.truncated, "changed": result.changed[:200], "undeclared_writes": undeclared[:200],
+        "rolled_back": rolled_back[:50], "exposed": result.exposed,
     }
     if undeclared:
         journal.append("run-request-undeclared-writes", row, request_id)

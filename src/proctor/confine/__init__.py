@@ -4,8 +4,10 @@ The whole API the host uses:
 
     caps = detect()                                          # tried once per process, cached
     confiner = choose("auto" | "required" | "off", caps)     # -> Confiner | Unavailable
-    req = job_roots(repo.common_dir, wt.git_dir, wt.branch, wt.path, tmpdir, adapter_state_dirs,
+    req = job_roots(wt.path, tmpdir, adapter_state_dirs, readonly=(main_checkout, main_git_dir),
                     network=False)                            # -> ConfineRequest | Unavailable
+    with EgressProxy(adapter_egress, socket, on_decision):    # network=True: declared hosts only
+        req = replace(req, egress_socket=socket, egress=adapter_egress)
     if refuse_hard_links(wt.path): refuse to start           # planted hard links beat every layer
     plan = confiner.wrap(agent_argv, req)                    # -> ConfinePlan | Unavailable
     # spawn plan.argv (shell=False, cwd=wt.path, env={**job_env, **plan.env}) through the process runner,
@@ -16,7 +18,7 @@ a machine with neither layer (the host then records a risk). Every refusal is an
 code=CONFINEMENT_UNAVAILABLE)` value, never an exception; with one, launch nothing. The Landlock helper exits
 126 with `proctor-landlock: ...` on stderr if it cannot confine, before running anything.
 
-This package never spawns the agent and never kills anything: the process runner and proctor.cgroup do.
+This package never spawns the agent and never kills anything: the process runner and proctor.job.cgroup do.
 """
 
 from proctor.confine.detect import Capabilities, detect

@@ -1,7 +1,7 @@
 """What this machine can enforce, found by trying each mechanism once per process.
 
 Owns Capabilities and detect(). It never decides what a job gets (plan.py does) and never creates anything
-but the cached Landlock helper and the cgroup probe that proctor.cgroup makes and removes.
+but the cached Landlock helper and the cgroup probe that proctor.job.cgroup makes and removes.
 
 Trying, not looking (research/sandbox.md, "Detection at startup"): a bwrap binary can exist while user
 namespaces are disabled by sysctl, AppArmor or a container; the Landlock syscall can be compiled in and
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from proctor import cgroup
+from proctor.job import cgroup
 from proctor.confine import helper as helper_mod
 from proctor.confine import landlock
 from proctor.home import ensure_home

@@ -1,7 +1,7 @@
 """Choosing a Confiner for a policy and wrapping one agent argv into the plan the process runner spawns.
 
 Owns the Confiner seam, which layers a policy gets on this machine, and the gaps each combination leaves.
-It never spawns, never joins the cgroup (proctor.cgroup, via the runner, does) and never weakens silently:
+It never spawns, never joins the cgroup (proctor.job.cgroup, via the runner, does) and never weakens silently:
 the plan's `confinement`, `details` and `gaps` say exactly what enforced what.
 """
 

@@ -3,7 +3,7 @@
 Owns deriving a ConfineRequest for one job directory (creating the dirs that bind mounts and Landlock
 rules need) and listing planted hard links. It never runs git and never spawns.
 
-A job's directory holds a repository of its own (proctor.worktree), so nothing of the main repo is ever
+A job's directory holds a repository of its own (proctor.job.worktree), so nothing of the main repo is ever
 writable: not its objects, refs, config or checkout. That replaces granting the agent the main store and
 its branch's ref directory, which let an agent rewrite master's blobs in place (found in review).
 """

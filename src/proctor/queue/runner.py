@@ -40,7 +40,7 @@ def _watch_control(reason: _Reason) -> None:
 
 def main() -> int:
     from proctor.config import load_config
-    from proctor.host import run_agent
+    from proctor.job.host import run_agent
 
     start = json.loads(sys.stdin.readline())
     store = JobStore(Path(start["store"]))

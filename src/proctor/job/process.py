@@ -25,7 +25,7 @@ from typing import ClassVar, Protocol
 
 import psutil
 
-from proctor.cgroup import JobGroup, group_name
+from proctor.job.cgroup import JobGroup, group_name
 
 TAIL_BYTES = 1_000_000
 READ_CHUNK = 1 << 16

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from proctor.contract import check_ref
-from proctor.git import git
+from proctor.job.git import git
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ run through a `config.worktree` the host's git honoured, and through a nested re
 by submodule descent, past `-c diff.ignoreSubmodules=dirty`. So host-side git reads no system or global
 config (GIT_CONFIG_NOSYSTEM, GIT_CONFIG_GLOBAL=/dev/null, an empty HOME), and after an agent ran the host
 never points git at a git dir the agent could write: it inspects the agent's files through a git dir of
-its own (proctor.landing), whose config it wrote. What git then reads from the agent's tree is data to
+its own (proctor.job.landing), whose config it wrote. What git then reads from the agent's tree is data to
 it: `.gitattributes` naming a filter with no driver in any config it reads is a no-op, `.gitignore`
 only decides what is left out. The `-c` switches below stay as a second layer.
 """

@@ -13,8 +13,8 @@ import fnmatch
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
-from proctor.git import git
-from proctor.worktree import Failure
+from proctor.job.git import git
+from proctor.job.worktree import Failure
 
 # Any file below a directory of one of these names.
 TEST_DIRS = frozenset({"test", "tests", "testing", "__tests__", "spec", "specs", "testdata", "benches", "e2e"})

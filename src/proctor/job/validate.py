@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from proctor.process import Poll, ProcessRunner, Spawn
+from proctor.job.process import Poll, ProcessRunner, Spawn
 
 VALIDATE_TIMEOUT_S = 900
 NPM_PLACEHOLDER = 'echo "Error: no test specified" && exit 1'

@@ -20,17 +20,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from proctor import cgroup, confine, frozen, landing, validate, worktree
+from proctor import confine
+
+from proctor.job import cgroup, frozen, landing, validate, worktree
 from proctor.adapters.spec import AdapterSpec, Invocation, Refused, build
-from proctor.agent_version import VERSION_TIMEOUT_S, agent_version, executable, inside
-from proctor.attempts import run_attempts
+from proctor.job.agent_version import VERSION_TIMEOUT_S, agent_version, executable, inside
+from proctor.job.attempts import run_attempts
 from proctor.breaker import Breaker, signal_for
 from proctor.config import Config, ConfigError, load_config
 from proctor.confine.egress import EgressProxy
 from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status
-from proctor.git import unredirected_env
+from proctor.job.git import unredirected_env
 from proctor.ledger import Ledger
-from proctor.process import LocalRunner, ProcessRunner, Spawn
+from proctor.job.process import LocalRunner, ProcessRunner, Spawn
 from proctor.progress import NullProgress, Progress
 from proctor.stop import StopSwitch
 

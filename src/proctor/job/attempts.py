@@ -14,9 +14,9 @@ from pathlib import Path
 
 from proctor.adapters.output import READERS, WATCHERS, Reading
 from proctor.adapters.spec import AdapterSpec
-from proctor.classify import Patterns, classify
+from proctor.job.classify import Patterns, classify
 from proctor.contract import Code, Status
-from proctor.process import Exit, ProcessRunner, Spawn
+from proctor.job.process import Exit, ProcessRunner, Spawn
 from proctor.progress import Progress
 
 MAX_ATTEMPTS = 2  # one retry on a nonzero exit

@@ -2,7 +2,7 @@
 
 Owns the step between the agent's exit and validation (DESIGN.md 9a). The agent's directory is hostile
 input by then: the host looks at it only with lstat and through git's own hashing of file content, in a
-git dir the host made (proctor.git says why that runs nothing the agent wrote). It never reads the
+git dir the host made (proctor.job.git says why that runs nothing the agent wrote). It never reads the
 agent's git dir, index, HEAD or refs, and never executes anything from the agent's directory.
 
     scan(agent_dir)                          -> Scan: special files, nested repos, files over the size cap
@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from proctor.git import git
-from proctor.worktree import Failure, Worktree, init_git_dir, remove_tree, set_ref
+from proctor.job.git import git
+from proctor.job.worktree import Failure, Worktree, init_git_dir, remove_tree, set_ref
 
 MAX_FILE_BYTES = 100 * 1024 * 1024  # a larger file is left out of the job's tree, and said so
 MAX_ENTRIES = 2_000_000
