@@ -16,6 +16,7 @@ import uvicorn
 from hypothesis import HealthCheck, given, settings
 
 from proctor.api.app import create_app
+from proctor.api.guard import server_config
 from proctor.ledger import Ledger
 from proctor.queue import keys, sender, server
 from proctor.queue.envelope import canonical_json
@@ -39,7 +40,7 @@ def api(tmp_path_factory):
     handle = server.start(tmp_path_factory.mktemp("nats") / "store")
     app = create_app(lambda: JetStreamBackend.connect(handle.url), load_trust(home), SentStore(home))
     port = server.free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    srv = uvicorn.Server(server_config(app, "127.0.0.1", port))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -139,7 +140,7 @@ def test_a_queue_that_cannot_take_the_job_is_a_503_not_a_500(tmp_path):
         async def factory(backend=backend):
             return backend
 
-        with TestClient(create_app(factory, trust)) as http:
+        with TestClient(create_app(factory, trust), base_url="http://127.0.0.1") as http:
             res = http.post("/v1/jobs", json=envelope(tmp_path))
         assert res.status_code == want, res.text
-    assert "did not accept the job" in res.json()["detail"]
+    assert "did not accept the job" in res.json()["detail"] and res.json()["code"] == "QUEUE_UNAVAILABLE"

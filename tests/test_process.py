@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from proctor.job import cgroup
+from proctor.job.cgroup import Limits
 from proctor.job.process import LocalRunner, Spawn, Tail
 
 PY = sys.executable
@@ -117,7 +118,9 @@ def test_term_ignored_then_killed_after_grace(tmp_path):
 
 def test_fork_storm_is_bounded_by_the_deadline(tmp_path):
     code = "import os,time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.01)\n    time.sleep(0.05)\n"
-    ex = LocalRunner().run(_spawn(tmp_path, [PY, "-c", code], deadline_s=1.0, term_grace_s=0.1))
+    # No pids limit here (Limits() is all None): the deadline alone bounds it; the pids limit is
+    # tests/test_limits.py's.
+    ex = LocalRunner(limits=Limits()).run(_spawn(tmp_path, [PY, "-c", code], deadline_s=1.0, term_grace_s=0.1))
     assert ex.timed_out
     time.sleep(0.2)
     me = psutil.Process()

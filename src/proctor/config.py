@@ -13,10 +13,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, ValidationInfo, field_validator
 
 from proctor.adapters.spec import AdapterSpec
 from proctor.home import proctor_home
+from proctor.job.cgroup import Limits, total_ram
 
 
 class ConfigError(Exception):
@@ -33,6 +34,59 @@ class BreakerSettings(BaseModel):
     backoff_s: float = Field(default=60.0, ge=0)
 
 
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30,
+          "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40}
+
+
+def parse_size(v: Any) -> int:
+    """Bytes from an int or a string like "8GiB", "512 MiB", "64M" (binary units)."""
+    if isinstance(v, bool):
+        raise ValueError("a size is a number of bytes or a string like \"8GiB\"")
+    if isinstance(v, int):
+        n = v
+    elif isinstance(v, str):
+        text = v.strip().lower().replace(" ", "")
+        digits = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+        unit = text[len(digits):]
+        if unit not in _UNITS or not digits:
+            raise ValueError(f"size {v!r}: use bytes or a unit KiB, MiB, GiB, TiB")
+        n = int(float(digits) * _UNITS[unit])
+    else:
+        raise ValueError("a size is a number of bytes or a string like \"8GiB\"")
+    if n < 0:
+        raise ValueError("a size must not be negative")
+    return n
+
+
+class LimitsSettings(BaseModel):
+    """Per-job resource limits (`[limits]`); a job killed at one ends `RESOURCE_LIMIT`. Unset memory sizes
+    are fractions of this machine's RAM: a job a third, all jobs together three quarters."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    memory: int | None = None  # default: RAM / 3
+    memory_total: int | None = None  # default: RAM * 3 / 4
+    swap: int = 0
+    pids: int = Field(default=1024, ge=16)
+    cpu_weight: int = Field(default=100, ge=1, le=10_000)
+    disk: int = 10 << 30
+
+    @field_validator("memory", "memory_total", "swap", "disk", mode="before")
+    @classmethod
+    def _size(cls, v: Any, info: ValidationInfo) -> int | None:
+        if v is None:
+            return None
+        n = parse_size(v)
+        if n < (1 << 20) and info.field_name != "swap":
+            raise ValueError("must be at least 1 MiB")
+        return n
+
+    def resolve(self) -> Limits:
+        ram = total_ram()
+        return Limits(memory=self.memory or ram // 3, swap=self.swap, pids=self.pids, cpu_weight=self.cpu_weight,
+                      disk=self.disk, memory_total=self.memory_total or ram * 3 // 4)
+
+
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -41,7 +95,22 @@ class Config(BaseModel):
     validate_timeout: int = Field(default=900, ge=1, le=14_400)
     term_grace: float = Field(default=2.0, ge=0, le=60)
     breaker: BreakerSettings = Field(default_factory=BreakerSettings)
+    # Per-repo environment keys (`[repos."/abs/path"]`: setup, copy, share, validate, registries), the
+    # operator's over the base's committed `.proctor.toml` (proctor.job.environment).
+    repos: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
     source: str | None = None
+
+    @field_validator("repos")
+    @classmethod
+    def _check_repos(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        from proctor.job.environment import parse_settings
+
+        for path, table in v.items():
+            if not Path(path).is_absolute():
+                raise ValueError(f"[repos.{path!r}] must name an absolute path")
+            parse_settings(table, f'[repos."{path}"]')
+        return v
 
     def adapter(self, name: str) -> AdapterSpec | None:
         return self.agents.get(name)

@@ -51,6 +51,7 @@ class Code(StrEnum):
     CONFINEMENT_UNAVAILABLE = "CONFINEMENT_UNAVAILABLE"
     HOST_ERROR = "HOST_ERROR"
     TAMPERED = "TAMPERED"  # the agent left something the host refuses to read (a FIFO, a device, ...)
+    RESOURCE_LIMIT = "RESOURCE_LIMIT"  # killed at a per-job limit (memory, pids, disk); never retried
 
 
 def check_ref(ref: str) -> str:

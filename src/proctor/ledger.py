@@ -10,15 +10,24 @@ Each row's `hash` is sha256 over canonical JSON of [prev_hash, id, ts, kind, job
 breaks it. The chain alone cannot show that rows were cut from the end, so `ledger.head` beside the file
 holds the last row's id and hash; it is rewritten inside the same write transaction as the row.
 
+A full disk never leaves half a write: the new head and the old one are written to temporary files before
+any row is inserted (so a write that cannot even stage them changes nothing), the head is swapped in by a
+rename, and a failed commit puts the old one back by a rename, which needs no free space. Such a failure is a
+`LedgerFull`. `ledger.reserve` (RESERVE_BYTES of allocated space beside the file) is given up to let a
+write that must not be lost (`reserve=True`: a job's end, the breaker hearing of a run) through once; it is
+made again after the next write that finds room.
+
 Without a secret key anyone who can write the file can recompute the whole chain: the chain makes an edit
 detectable, not impossible. SQLite triggers refuse UPDATE and DELETE on rows as a guard against accidents.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import shutil
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
@@ -32,6 +41,10 @@ from proctor.home import ensure_home
 LEDGER_FILE = "ledger.sqlite3"
 GENESIS = "0" * 64
 BUSY_TIMEOUT_S = 30.0
+RESERVE_BYTES = 256 * 1024
+# Below this much free space beside the ledger a job is refused before it starts (host.run_agent): its
+# rows could not all be written.
+MIN_FREE_BYTES = 1024 * 1024
 
 T = TypeVar("T")
 
@@ -86,6 +99,30 @@ def row_hash(prev_hash: str, row_id: int, ts: str, kind: str, job_id: str | None
     return hashlib.sha256(material.encode("utf-8")).hexdigest()
 
 
+class LedgerError(sqlite3.OperationalError):
+    """A write the ledger could not make; nothing of it was kept (rows, head and state are as before)."""
+
+
+class LedgerFull(LedgerError):
+    """A write failed because the ledger's filesystem is full."""
+
+
+def disk_full(exc: BaseException) -> bool:
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        return code == sqlite3.SQLITE_FULL or "disk is full" in str(exc)
+    return False
+
+
+def free_bytes(path: Path) -> int | None:
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
 @dataclass(frozen=True)
 class Row:
     id: int
@@ -115,15 +152,23 @@ class Ledger:
     def __init__(self, path: Path | str) -> None:
         self._path = Path(path)
         self._head_path = self._path.with_suffix(".head")
+        self._reserve_path = self._path.with_suffix(".reserve")
+        self._reserve_checked = False
         self._path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         self._db: sqlite3.Connection | None = sqlite3.connect(
             self._path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
         )
-        self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-        self._db.execute("PRAGMA journal_mode = WAL")
-        self._db.execute("PRAGMA synchronous = NORMAL")
-        self._migrate()
+        try:
+            self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            self._db.execute("PRAGMA journal_mode = WAL")
+            self._db.execute("PRAGMA synchronous = NORMAL")
+            self._migrate()
+        except BaseException as exc:
+            self.close()
+            if disk_full(exc):
+                raise LedgerFull(f"{self._space(exc)}") from exc
+            raise
 
     @classmethod
     def default(cls) -> Ledger:
@@ -136,6 +181,23 @@ class Ledger:
     @property
     def head_path(self) -> Path:
         return self._head_path
+
+    @property
+    def reserve_path(self) -> Path:
+        return self._reserve_path
+
+    def space_problem(self) -> str | None:
+        """Why a job should not start on this ledger's filesystem (under MIN_FREE_BYTES free), or None."""
+        free = free_bytes(self._path.parent)
+        if free is None or free >= MIN_FREE_BYTES:
+            return None
+        return (f"the ledger's filesystem ({self._path.parent}) has {free} bytes free, under the "
+                f"{MIN_FREE_BYTES} a job needs for its ledger rows")
+
+    def _space(self, exc: BaseException) -> str:
+        free = free_bytes(self._path.parent)
+        where = f"{self._path.parent}, {free} bytes free" if free is not None else str(self._path.parent)
+        return f"the ledger's disk is full ({where}): {exc}"
 
     def __enter__(self) -> Ledger:
         return self
@@ -167,7 +229,7 @@ class Ledger:
                         db.execute("INSERT INTO _migrations VALUES (?, ?)", (fn.__name__, _now()))
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                _rollback(db)
                 raise
 
     def migrations(self) -> list[str]:
@@ -175,21 +237,40 @@ class Ledger:
         with self._lock:
             return [name for (name,) in self._conn().execute("SELECT name FROM _migrations ORDER BY rowid")]
 
-    def append(self, kind: str, payload: dict[str, Any], *, job_id: str | None = None) -> int:
+    def append(self, kind: str, payload: dict[str, Any], *, job_id: str | None = None, reserve: bool = False) -> int:
         """Append one row and return its id. `payload` must be JSON (no NaN); anything else is a TypeError."""
-        return self.update(lambda _db: (None, [Entry(kind, payload, job_id)]))[1][0]
+        return self.update(lambda _db: (None, [Entry(kind, payload, job_id)]), reserve=reserve)[1][0]
 
-    def update(self, apply: Callable[[sqlite3.Connection], tuple[T, Sequence[Entry]]]) -> tuple[T, list[int]]:
+    def update(self, apply: Callable[[sqlite3.Connection], tuple[T, Sequence[Entry]]], *,
+               reserve: bool = False) -> tuple[T, list[int]]:
         """Run `apply(db)` -> (result, entries) and append the entries, all in one write transaction.
         Returns the result and the new row ids.
 
         For state kept beside the chain in this file (the breaker's table): its change and the row that
-        records it commit together or not at all. `apply` must not open or end transactions.
+        records it commit together or not at all. `apply` must not open or end transactions, and may be run
+        twice: with `reserve`, a write that finds the disk full gives up `ledger.reserve` and is tried once
+        more. A write that fails leaves rows, head and state as they were; on a full disk it is `LedgerFull`.
         """
+        try:
+            done = self._update_once(apply)
+        except LedgerFull:
+            if not (reserve and self._release_reserve()):
+                raise
+            done = self._update_once(apply)
+        self._keep_reserve()
+        return done
+
+    def _update_once(self, apply: Callable[[sqlite3.Connection], tuple[T, Sequence[Entry]]]) -> tuple[T, list[int]]:
         db = self._conn()
         with self._lock:
-            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise (LedgerFull(self._space(exc)) if disk_full(exc) else exc) from exc
+            staged: list[Path] = []
             head_before: tuple[int, str] | None = None
+            old_head: Path | None = None
+            swapped = False
             try:
                 result, entries = apply(db)
                 ids: list[int] = []
@@ -197,38 +278,111 @@ class Ledger:
                     last = db.execute("SELECT id, hash FROM rows ORDER BY id DESC LIMIT 1").fetchone()
                     head_before = (last[0], last[1]) if last else (0, GENESIS)
                     last_id, prev = head_before
+                    rows = []
                     for entry in entries:
                         payload = canonical_json(entry.payload)
                         last_id += 1
                         ts = _now()
                         digest = row_hash(prev, last_id, ts, entry.kind, entry.job_id, payload)
-                        db.execute(
-                            "INSERT INTO rows (id, ts, kind, job_id, payload, prev_hash, hash)"
-                            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                            (last_id, ts, entry.kind, entry.job_id, payload, prev, digest),
-                        )
+                        rows.append((last_id, ts, entry.kind, entry.job_id, payload, prev, digest))
                         ids.append(last_id)
                         prev = digest
-                    # Written while this process holds the write lock, so heads land in row order.
-                    self._write_head(last_id, prev)
+                    # Both heads are on disk before any row goes in: a disk too full for them changes nothing,
+                    # and putting the old head back after a failed commit is a rename, which needs no space.
+                    new_head = self._stage_head(last_id, prev, "new")
+                    staged.append(new_head)
+                    if head_before[0]:
+                        old_head = self._stage_head(*head_before, "old")
+                        staged.append(old_head)
+                    db.executemany(
+                        "INSERT INTO rows (id, ts, kind, job_id, payload, prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        rows,
+                    )
+                    # Swapped while this process holds the write lock, so heads land in row order.
+                    os.replace(new_head, self._head_path)
+                    staged.remove(new_head)
+                    swapped = True
                 db.execute("COMMIT")
-                return result, ids
-            except BaseException:
-                db.execute("ROLLBACK")
-                if head_before is not None:
-                    self._restore_head(*head_before)
+            except BaseException as exc:
+                if swapped and head_before is not None:
+                    self._undo_head(db, head_before, old_head)
+                _rollback(db)
+                for tmp in staged:
+                    _unlink(tmp)
+                if isinstance(exc, (sqlite3.Error, OSError)) and disk_full(exc):
+                    raise LedgerFull(self._space(exc)) from exc
                 raise
+            for tmp in staged:
+                _unlink(tmp)
+            return result, ids
 
-    def _restore_head(self, row_id: int, digest: str) -> None:
-        if row_id:
-            self._write_head(row_id, digest)
-        else:
-            self._head_path.unlink(missing_ok=True)
+    def _undo_head(self, db: sqlite3.Connection, head_before: tuple[int, str], old_head: Path | None) -> None:
+        """Put the head back after a failed write. Still inside its transaction nobody else can have
+        written; after SQLite rolled it back itself (a full disk does), another process may have appended
+        since, and then its head stands."""
+        own = db.in_transaction
+        try:
+            if not own:
+                db.execute("BEGIN IMMEDIATE")
+            last = db.execute("SELECT id, hash FROM rows ORDER BY id DESC LIMIT 1").fetchone()
+            if own or (tuple(last) if last else (0, GENESIS)) == head_before:
+                if old_head is not None:
+                    os.replace(old_head, self._head_path)
+                else:
+                    self._head_path.unlink(missing_ok=True)
+        except (sqlite3.Error, OSError):
+            pass  # `verify` names a head that does not match the rows
+        finally:
+            if not own:
+                _rollback(db)
 
-    def _write_head(self, row_id: int, digest: str) -> None:
-        tmp = self._head_path.with_name(f".{self._head_path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(canonical_json({"id": row_id, "hash": digest}) + "\n", encoding="utf-8")
-        os.replace(tmp, self._head_path)
+    def _stage_head(self, row_id: int, digest: str, which: str) -> Path:
+        tmp = self._head_path.with_name(
+            f".{self._head_path.name}.{os.getpid()}.{threading.get_ident()}.{which}.tmp")
+        try:
+            tmp.write_text(canonical_json({"id": row_id, "hash": digest}) + "\n", encoding="utf-8")
+        except BaseException:
+            _unlink(tmp)
+            raise
+        return tmp
+
+    def _release_reserve(self) -> bool:
+        """Give the reserve's space back to the filesystem; False when there was none to give."""
+        try:
+            self._reserve_path.unlink()
+        except OSError:
+            return False
+        self._reserve_checked = False
+        return True
+
+    def _keep_reserve(self) -> None:
+        """Make `ledger.reserve` when it is missing and there is room for it (once per open, and again after
+        it was given up)."""
+        if self._reserve_checked:
+            return
+        self._reserve_checked = True
+        if self._reserve_path.exists():
+            return
+        free = free_bytes(self._path.parent)
+        if free is None or free < RESERVE_BYTES + MIN_FREE_BYTES:
+            self._reserve_checked = False  # try again after a later write
+            return
+        tmp = self._reserve_path.with_name(f".{self._reserve_path.name}.{os.getpid()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                try:
+                    os.posix_fallocate(fd, 0, RESERVE_BYTES)
+                except OSError as exc:
+                    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                        raise
+                    os.write(fd, b"\0" * RESERVE_BYTES)  # a filesystem without fallocate
+            finally:
+                os.close(fd)
+            os.replace(tmp, self._reserve_path)
+        except OSError:
+            _unlink(tmp)
+            self._reserve_checked = False
 
     def read(self, query: Callable[[sqlite3.Connection], T]) -> T:
         """Run a read-only `query(db)` on this file (for state kept beside the chain, as the breaker's)."""
@@ -290,6 +444,23 @@ class Ledger:
         if head_id < last_id:
             return [f"row {head_id + 1}: after {self._head_path.name}'s row {head_id} (appended outside proctor?)"]
         return []
+
+
+def _rollback(db: sqlite3.Connection) -> None:
+    # SQLite ends a transaction itself on some errors (a full disk: SQLITE_FULL); a ROLLBACK then would
+    # raise "cannot rollback - no transaction is active" and hide the first error.
+    if db.in_transaction:
+        try:
+            db.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def _payload(text: str) -> dict[str, Any]:

@@ -1,21 +1,31 @@
 """FastAPI app: POST /v1/jobs (a signed envelope -> 202 + job id), GET /v1/jobs/{id}, GET .../result?wait=S.
 
-Owns mapping queue outcomes to HTTP: a malformed envelope is 400, a bad or untrusted signature 401, a signer
-not trusted for the kind 403, an invalid payload 422, an unknown job 404, a result not ready yet 202, a queue that cannot take the job 503. It never
-signs on a caller's behalf: the caller's own signature is the authentication, and the target host's listener
-checks it again before anything runs.
+Owns mapping queue outcomes to HTTP: a body that is not JSON (or holds a number no float can hold, `1e999`)
+or a malformed envelope is 400, a bad or untrusted signature 401, a signer not trusted for the kind 403, a
+request or payload that does not fit the schema 422, an unknown job 404, a result not ready yet 202, a queue
+that cannot take the job 503. Every refusal is `{"code": <stable code>, "detail": ...}`; nothing a client
+sends is echoed into an error it cannot serialize. Host, Origin, body size and deadlines are checked before
+any route, by `guard.RequestGuard`. It never signs on a caller's behalf: the caller's own signature is the
+authentication, and the target host's listener checks it again before anything runs.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Path, Query
+from fastapi import FastAPI, HTTPException, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from proctor.api.guard import HttpLimits, RequestGuard, allowed_names
 
 from proctor.queue import sender
 from proctor.queue.backend import QueueBackend, check_name, valid_job_id
@@ -54,15 +64,70 @@ class JobState(BaseModel):
 
 
 class Problem(BaseModel):
-    detail: Any
+    code: str = Field(description="Stable machine-readable reason, e.g. BAD_JSON, FORGED, BODY_TOO_LARGE.")
+    detail: Any = Field(description="What a person reads: a sentence, or a list of problems.")
+
+
+CODES = {400: "BAD_REQUEST", 401: "UNAUTHENTICATED", 403: "FORBIDDEN", 404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED",
+         408: "REQUEST_TIMEOUT", 413: "BODY_TOO_LARGE", 415: "UNSUPPORTED_MEDIA_TYPE", 421: "MISDIRECTED_HOST",
+         422: "INVALID_REQUEST", 500: "INTERNAL", 503: "UNAVAILABLE"}
+log = logging.getLogger(__name__)
+
+
+class ApiError(HTTPException):
+    def __init__(self, status: int, code: str, detail: Any) -> None:
+        super().__init__(status, detail)
+        self.code = code
+
+
+def problem(status: int, code: str, detail: Any, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"code": code, "detail": detail}, headers=headers)
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} is out of range: not a finite float")
+    return value
+
+
+def _constant(text: str) -> Any:
+    raise ValueError(f"{text} is not JSON")
+
+
+def parse_json(body: bytes) -> Any:
+    """Strict JSON: no NaN/Infinity, no number that overflows a float; any failure is an ApiError 400."""
+    try:
+        return json.loads(body, parse_float=_finite, parse_constant=_constant)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and int-digit limits are ValueErrors
+        raise ApiError(400, "BAD_JSON", f"the body is not valid JSON: {str(exc)[:200]}") from None
+
+
+def _errors(exc: ValidationError | RequestValidationError) -> list[dict[str, Any]]:
+    """Pydantic's errors without the input or context: both may hold what the client sent, unserializable."""
+    out = []
+    for err in exc.errors():
+        out.append({"loc": [str(x) for x in err.get("loc", ())], "msg": str(err.get("msg", "")),
+                    "type": str(err.get("type", ""))})
+    return out
 
 
 def create_app(
-    backend_factory: Callable[[], Awaitable[QueueBackend]], trust: TrustStore, sent: SentStore | None = None
+    backend_factory: Callable[[], Awaitable[QueueBackend]],
+    trust: TrustStore,
+    sent: SentStore | None = None,
+    *,
+    bind: str = "127.0.0.1",
+    allow_hosts: Iterable[str] = (),
+    limits: HttpLimits | None = None,
 ) -> FastAPI:
     """`sent`: where this API records the envelopes it accepted (default: `$PROCTOR_HOME/queue-sent`). A job's
     state and result are bound to that record (the host its envelope named, its digest), never to the job
-    record on the queue server, which anyone reaching the server can rewrite."""
+    record on the queue server, which anyone reaching the server can rewrite.
+
+    `bind` and `allow_hosts`: the names a request's Host (and a browser's Origin) may carry, besides
+    127.0.0.1, localhost and [::1], always on the port the request arrived on. `limits`: body cap and
+    deadlines (serve the app with `guard.server_config` for the header deadline and connection cap)."""
     state: dict[str, QueueBackend] = {}
     sent_store = sent or SentStore()
 
@@ -74,26 +139,52 @@ def create_app(
         finally:
             await state["backend"].close()
 
+    limits = limits or HttpLimits()
     app = FastAPI(title="proctor queue", version="1", lifespan=lifespan)
+    app.add_middleware(RequestGuard, names=allowed_names(bind, allow_hosts), limits=limits)
     errors: dict[int | str, dict[str, Any]] = {
-        code: {"model": Problem} for code in (400, 401, 403, 404, 422, 503)
+        code: {"model": Problem} for code in (400, 401, 403, 404, 408, 413, 421, 422, 503)
     }
 
-    @app.post("/v1/jobs", status_code=202, response_model=Accepted, responses=errors)
-    async def post_job(envelope: EnvelopeIn) -> Accepted:
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = getattr(exc, "code", None) or CODES.get(exc.status_code, f"HTTP_{exc.status_code}")
+        return problem(exc.status_code, code, exc.detail, getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return problem(422, "INVALID_REQUEST", _errors(exc))
+
+    @app.exception_handler(Exception)
+    async def internal(_: Request, exc: Exception) -> JSONResponse:
+        log.error("unhandled error in the HTTP API", exc_info=exc)
+        return problem(500, "INTERNAL", "internal error; the server log has the details")
+
+    body_schema = {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": EnvelopeIn.model_json_schema()}}}}
+
+    @app.post("/v1/jobs", status_code=202, response_model=Accepted, responses=errors, openapi_extra=body_schema)
+    async def post_job(request: Request) -> Accepted:
+        media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+        if media != "application/json" and not media.endswith("+json"):
+            raise ApiError(415, "UNSUPPORTED_MEDIA_TYPE", f"the body must be application/json, not {media[:80]!r}")
+        try:
+            envelope = EnvelopeIn.model_validate(parse_json(await request.body()))
+        except ValidationError as exc:
+            raise ApiError(422, "INVALID_ENVELOPE", _errors(exc)) from None
         env = unseal(envelope.model_dump())
         if isinstance(env, EnvelopeError):
-            raise HTTPException(400, env.reason)
+            raise ApiError(400, env.code, env.reason)
         signer = trust.signer(env.claimed.get("signer"))
         opened = verify(env, signer.verifier if signer else None)
         if isinstance(opened, EnvelopeError):
-            raise HTTPException(401, f"{opened.code}: {opened.reason}")
+            raise ApiError(401, opened.code, f"{opened.code}: {opened.reason}")
         f = opened.fields
         kind, target, lane, job_id = f.get("kind"), f.get("target"), f.get("lane"), f.get("jobId")
         if not all(isinstance(x, str) for x in (kind, target, lane)) or not valid_job_id(job_id):
-            raise HTTPException(400, "envelope body needs string kind, target, lane and a jobId [A-Za-z0-9_-]")
+            raise ApiError(400, "MALFORMED", "envelope body needs string kind, target, lane and a jobId [A-Za-z0-9_-]")
         if signer is None or kind not in signer.kinds:
-            raise HTTPException(403, f"signer may not send kind {kind!r}")
+            raise ApiError(403, "KIND_NOT_ALLOWED", f"signer may not send kind {kind!r}")
         problems = sender.validate_payload(kind, f.get("payload"))
         try:
             check_name("host", target)
@@ -103,18 +194,19 @@ def create_app(
         if not isinstance(f.get("expiresAt"), (int, float)) or f["expiresAt"] < time.time():
             problems.append("envelope has expired")
         if problems:
-            raise HTTPException(422, problems)
+            raise ApiError(422, "INVALID_PAYLOAD", problems)
         try:
             done = await sender.publish(state["backend"], Sealed(env.alg, env.body, env.sig), sent=sent_store)
         except Exception as exc:  # noqa: BLE001 - the queue is down or refused: the client may retry
-            raise HTTPException(503, f"the queue did not accept the job: {type(exc).__name__}: {exc}") from None
+            raise ApiError(503, "QUEUE_UNAVAILABLE",
+                           f"the queue did not accept the job: {type(exc).__name__}: {exc}") from None
         return Accepted(jobId=done.job_id, target=done.target, lane=done.lane, kind=done.kind)
 
     @app.get("/v1/jobs/{job_id}", response_model=JobState, responses=errors)
     async def get_job(job_id: str = JOB_ID) -> dict[str, Any]:
         out = await sender.status(state["backend"], trust, job_id, sent=sent_store)
         if out is None:
-            raise HTTPException(404, f"no job {job_id}")
+            raise ApiError(404, "UNKNOWN_JOB", f"no job {job_id}")
         return out
 
     @app.get("/v1/jobs/{job_id}/result", responses={**errors, 202: {"model": JobState}})
@@ -123,7 +215,7 @@ def create_app(
     ) -> Any:
         res = await sender.wait(state["backend"], trust, job_id, wait, sent=sent_store)
         if isinstance(res, EnvelopeError) and res.code == "UNKNOWN_JOB":
-            raise HTTPException(404, f"no job {job_id} was accepted by this API")
+            raise ApiError(404, "UNKNOWN_JOB", f"no job {job_id} was accepted by this API")
         if res is None or not isinstance(res, sender.SignedResult):
             out = await sender.status(state["backend"], trust, job_id, sent=sent_store)
             return JSONResponse(status_code=202, content=out)

@@ -66,6 +66,8 @@ def bwrap_args(bwrap: str, req: ConfineRequest, extra_ro: tuple[Path, ...] = (),
         for h in req.hidden if h.exists()]
     mounts += [(p, ["--ro-bind-try", str(p), str(p)]) for p in (*req.readonly, *extra_ro)]
     mounts += [(p, ["--bind", str(p), str(p)]) for p in req.writable]
+    # A share is deeper than the worktree it sits in, so its read-only bind lands on top of the rw one.
+    mounts += [(dst, ["--ro-bind", str(src), str(dst)]) for src, dst in req.ro_binds]
     if egress and req.egress_socket is not None:
         inside = egress_socket_inside(req.egress_socket)
         mounts.append((inside, ["--bind", str(req.egress_socket), str(inside)]))

@@ -36,6 +36,10 @@ class ConfineRequest:
     # proxy enforces them). None keeps the old meaning of network = True: the whole network, reported as such.
     egress_socket: Path | None = None
     egress: tuple[str, ...] = ()
+    # (source, target) pairs: `source` (a directory outside the writable roots, e.g. the main checkout's
+    # node_modules) appears read-only at `target` (inside the worktree). bwrap binds it; without bwrap the
+    # caller links it instead (proctor.job.environment), and Landlock keeps the source read-only.
+    ro_binds: tuple[tuple[Path, Path], ...] = ()
 
     @property
     def writable(self) -> tuple[Path, ...]:

@@ -124,7 +124,13 @@ def _decided(out: Outcome, ex: Exit, patterns: Patterns, spec: AdapterSpec, time
     if reason.startswith(("cancelled", "stopped")):
         out.status = Status.failed
         out.code = Code.CANCELLED if reason.startswith("cancelled") else Code.STOPPED
-        out.risks.append(f"job {reason}; the agent's process tree was killed")
+        out.risks.append(f"job {reason}; " + ("the agent's process tree was killed" if ex.launched
+                                              else "checked right before the launch: nothing was launched"))
+        return True
+    if reason.startswith("resource_limit"):
+        out.status, out.code = Status.failed, Code.RESOURCE_LIMIT
+        out.risks.append(f"agent killed at a resource limit (whole tree, by {ex.cleanup}): "
+                         f"{reason.removeprefix('resource_limit: ')}; not retried")
         return True
     if reason.startswith("rate_limit_event"):
         out.status, out.code = Status.rate_limited, Code.RATE_LIMITED

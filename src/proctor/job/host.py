@@ -22,7 +22,7 @@ from pathlib import Path
 
 from proctor import confine
 
-from proctor.job import cgroup, frozen, landing, validate, worktree
+from proctor.job import cgroup, environment, frozen, landing, validate, worktree
 from proctor.adapters.spec import AdapterSpec, Invocation, Refused, build
 from proctor.job.agent_version import VERSION_TIMEOUT_S, agent_version, executable, inside
 from proctor.job.attempts import run_attempts
@@ -32,7 +32,7 @@ from proctor.confine.egress import EgressProxy
 from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status
 from proctor.job.git import unredirected_env
 from proctor.ledger import Ledger
-from proctor.job.process import LocalRunner, ProcessRunner, Spawn
+from proctor.job.process import Limited, LocalRunner, ProcessRunner, Spawn
 from proctor.progress import NullProgress, Progress
 from proctor.stop import StopSwitch
 
@@ -145,7 +145,7 @@ def _admit_and_run(request, config, runner, progress, cancel, job_id, ledger, st
         return refused(request, [f"unknown agent {request.agent!r} (known: {known})"], Code.UNKNOWN_AGENT, start)
     breaker = Breaker(ledger, threshold=config.breaker.threshold, cooldown_s=config.breaker.cooldown_s,
                       backoff_s=config.breaker.backoff_s)
-    job = _Job(request, config, runner or LocalRunner(), progress or NullProgress(), cancel, job_id, start,
+    job = _Job(request, config, runner or LocalRunner(limits=config.limits.resolve()), progress or NullProgress(), cancel, job_id, start,
                ledger, stop or StopSwitch(), spec, Path(tempfile.mkdtemp(prefix=f"proctor-{job_id}-")),
                Path(tempfile.mkdtemp(prefix=f"proctor-host-{job_id}-")))
     try:
@@ -237,13 +237,20 @@ def _in_worktree(job: _Job, repo: worktree.Repo, base: worktree.Base, confiner: 
     agent_env = {**env, **cplan.env}
     result.agent_version = _probe_version(job, confiner, wt, env)
 
+    # The job's limits (memory, pids, CPU weight; disk added to the worktree and the agent's TMPDIR). The
+    # stop switch is read once more by the runner, as the last thing before each spawn.
+    limited = Limited(job.runner, job.config.limits.resolve(), (wt.path, job.agent_tmp))
     try:
         out = run_attempts(spec=spec, argv=cplan.argv, stdin=inv.stdin, env=agent_env, cwd=wt.path,
-                           runner=job.runner, progress=job.progress, poll=_poll(job), timeout_s=req.timeout_sec,
+                           runner=limited, progress=job.progress, poll=_poll(job), timeout_s=req.timeout_sec,
                            term_grace_s=job.config.term_grace, name=f"job-{job.job_id}",
                            confined=cplan.confinement != "none")
     finally:
         _stop_egress(job)
+    result.confinement_details["limits"] = list(limited.enforced)
+    if limited.gaps:
+        result.confinement_details["limit_gaps"] = list(limited.gaps)
+        job.risks.extend(f"resource limit not enforced: {g}" for g in limited.gaps)
     result.status, result.code, result.attempts = out.status, out.code, out.attempts
     result.exit_codes, result.retry_after = out.exit_codes, out.retry_after
     result.summary = out.reading.summary or f"{req.agent} exited {out.exit_codes[-1]}"
@@ -432,14 +439,17 @@ def _main_repo(wt: worktree.Worktree) -> tuple[Path, ...]:
 
 
 def _confined_validation(job: _Job, plan: validate.Plan, checkout: Path, readonly: tuple[Path, ...],
-                         tmpdir: Path) -> validate.Plan | None:
+                         tmpdir: Path, ro_binds: tuple[tuple[Path, Path], ...] = ()) -> validate.Plan | None:
     """Validation runs code the agent may have written (a conftest.py, a build script): it gets the agent's
     confinement in a checkout of its own, minus the network and the CLI's state dirs, with the review
-    checkout read-only. None (and a risk) when it cannot be had."""
+    checkout read-only. `ro_binds` are the job environment's read-only shares (proctor.job.environment).
+    None (and a risk) when it cannot be had."""
     roots = confine.job_roots(checkout, tmpdir, readonly=readonly, network=False)
     if isinstance(roots, confine.Unavailable):
         job.risks.append(f"validation not run: {roots.reason}")
         return None
+    if ro_binds:
+        roots = dataclasses.replace(roots, ro_binds=ro_binds)
     if job.confiner is None:
         return plan
     steps = []
@@ -496,7 +506,9 @@ def _judge(job: _Job, run: validate.Run, result: RunAgentResult, suffix: str) ->
     result.tests_attempted += [f"{a.line(timeout)}{suffix}" for a in run.attempts]
     if run.killed_reason:
         result.status = Status.failed
-        result.code = Code.STOPPED if run.killed_reason.startswith("stopped") else Code.CANCELLED
+        reason = run.killed_reason
+        result.code = (Code.STOPPED if reason.startswith("stopped") else Code.RESOURCE_LIMIT
+                       if reason.startswith("resource_limit") else Code.CANCELLED)
         job.risks.append(f"validation {run.killed_reason}")
         return True
     failed = [a for a in run.attempts if not a.passed]
@@ -518,15 +530,52 @@ def _judge(job: _Job, run: validate.Run, result: RunAgentResult, suffix: str) ->
 def _validation_run(job: _Job, wt: worktree.Worktree, landed: landing.Landing, plan: validate.Plan,
                     env: dict[str, str], name: str, tree: str | None) -> validate.Run | None:
     """One validation in the work directory, made `tree` first (when not the job's own, already there),
-    with a throw-away `.git`; the job's git dir (at the review path) is read-only to it."""
+    with a throw-away `.git`; the job's git dir (at the review path) is read-only to it. The job's
+    environment (proctor.job.environment) mirrors the developer's: the repo's keys from config and the
+    base's `.proctor.toml`, a private HOME and caches, the validated tree's code first on the import path,
+    the main checkout's dependency dirs shared read-only; a probe in that environment says where the code
+    under test resolves, and one outside the validated tree is a risk."""
     tmpdir = job.host_tmp / f"{name}-tmp"
     made = (landing.materialise(job.work, landed.git_dir, tree, landed.index) if tree is not None else None) \
         or landing.scratch_git_dir(job.work, landed, wt, landed.index)
     if made is not None:
         job.risks.append(f"validation not run: {made.reason}")
         return None
-    confined = _confined_validation(job, plan, job.work, (*_main_repo(wt), wt.path), tmpdir)
+    first = name == "validate"  # the frozen run has the same environment: its risks are said once
+    cfg = environment.settings(job.config.repos, wt.repo.path, wt.repo.common_dir, wt.base_sha)
+    if isinstance(cfg, str):
+        if first:
+            job.risks.append(cfg)
+        cfg = None
+    bind = job.confiner is not None and "bwrap" in job.confiner.name
+    jenv = environment.prepare(job.work, wt.repo.path, plan, cfg, tmp=tmpdir, env=env, bind=bind)
+    failure = environment.apply(jenv)
+    if failure is not None:
+        job.risks.append(f"validation not run: {failure}")
+        return None
+    if first:
+        job.risks.extend(jenv.risks)
+        if jenv.shares and (job.confiner is None or job.confiner.name == "none"):
+            job.risks.append("validation ran unconfined with the main checkout's "
+                             f"{', '.join(s.target.name for s in jenv.shares)} linked in: writable to it")
+        job.ledger.append("job.environment", {"jobId": job.job_id, **environment.describe(jenv)},
+                          job_id=job.job_id)
+    plan = environment.plan_for(plan, cfg, given=bool(job.request.validate_command))
+    readonly = (*_main_repo(wt), wt.path, *jenv.readonly)
+    confined = _confined_validation(job, plan, job.work, readonly, tmpdir, jenv.ro_binds)
     if confined is None:
         return None
-    return validate.run(confined, job.runner, cwd=job.work, env={**env, "TMPDIR": str(tmpdir)},
+    run_env = {**env, **jenv.env, "TMPDIR": str(tmpdir)}
+    if first:
+        def run_probe(argv: list[str]) -> tuple[int | None, bytes]:
+            wrapped = _confined_validation(job, validate.Plan((validate.Step("probe", tuple(argv)),)), job.work,
+                                           readonly, tmpdir, jenv.ro_binds)
+            if wrapped is None:
+                return None, b""
+            ex = job.runner.run(Spawn(argv=wrapped.steps[0].argv, cwd=job.work, env=run_env, deadline_s=60,
+                                      name=f"probe-{job.job_id}", poll=_poll(job), tail_bytes=64_000))
+            return ex.exit_code, ex.stdout
+
+        job.risks.extend(environment.check(jenv, run_env, run_probe)[0])
+    return validate.run(confined, job.runner, cwd=job.work, env=run_env,
                         timeout_s=job.config.validate_timeout, name=f"{name}-{job.job_id}", poll=_poll(job))

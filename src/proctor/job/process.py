@@ -7,11 +7,24 @@ Cleanup, measured on this machine (research/sandbox.md §2e and tests/test_proce
 misses a double-forked `setsid` daemon that still holds stdout; a cgroup v2 group (joined before exec) and
 a child subreaper both catch it. The cgroup is used where it can be made; otherwise the host becomes a
 subreaper so orphans re-parent to it, and the tree is found by walking descendants and the job's marker.
+
+Limits (`Limits`, cgroup.py): memory, pids and CPU weight are the kernel's, on the job's groups; the wait
+loop reads their events and ends the run at the first hit (`killed_reason` "resource_limit: ..."). Disk is
+watched: the bytes a run adds to its writable roots (its cwd and `TMPDIR`, or `Spawn.disk_roots`) are summed
+periodically from allocated blocks (sparse files count what they occupy; hard links once), plus files its
+processes hold open after unlinking them, and the run is killed past the cap. A watcher rather than a tmpfs:
+the worktree cannot be a tmpfs, and tmpfs pages are RAM (charged to the memory limit), so a 10 GiB TMPDIR
+would be 10 GiB of the host's memory; `io.max` limits bandwidth, not space. Its price is overshoot between
+two polls (at most the write rate times the interval) and a walk of the roots per poll.
+
+The stop switch and cancel (`Spawn.poll`) are read once more as the last thing before the spawn: nothing
+is launched after `proctor stop`, however long the setup before it took.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import signal
 import subprocess
@@ -25,7 +38,7 @@ from typing import ClassVar, Protocol
 
 import psutil
 
-from proctor.job.cgroup import JobGroup, group_name
+from proctor.job.cgroup import JobGroup, Limits, group_name, human
 
 TAIL_BYTES = 1_000_000
 READ_CHUNK = 1 << 16
@@ -73,6 +86,8 @@ class Spawn:
     poll: Poll | None = None
     name: str = "job"  # unique per run: names the cgroup
     term_grace_s: float = TERM_GRACE_S
+    limits: Limits | None = None  # None: the runner's
+    disk_roots: tuple[Path, ...] | None = None  # None: cwd and env's TMPDIR
 
 
 @dataclass(frozen=True)
@@ -89,6 +104,9 @@ class Exit:
     leftovers_killed: int = 0  # processes still alive after the main one exited
     spawn_error: str | None = None
     pid: int | None = None
+    limits: tuple[str, ...] = ()  # what was enforced, e.g. "memory 8 GiB (+0 B swap) (cgroup v1)"
+    limit_gaps: tuple[str, ...] = ()  # limits asked for and not enforced, with why
+    launched: bool = True  # False: poll said stop/cancel at the last check before the spawn
 
     @property
     def ok(self) -> bool:
@@ -97,6 +115,24 @@ class Exit:
 
 class ProcessRunner(Protocol):
     def run(self, spawn: Spawn) -> Exit: ...
+
+
+class Limited:
+    """A runner that gives every spawn these limits (and disk roots), and keeps what the last run enforced:
+    how the host applies one job's limits to its agent, validation and probe through any `ProcessRunner`."""
+
+    def __init__(self, inner: ProcessRunner, limits: Limits, disk_roots: tuple[Path, ...] | None = None) -> None:
+        self.inner, self.limits, self.disk_roots = inner, limits, disk_roots
+        self.enforced: tuple[str, ...] = ()
+        self.gaps: tuple[str, ...] = ()
+
+    def run(self, spawn: Spawn) -> Exit:
+        spawn = dataclasses.replace(spawn, limits=spawn.limits or self.limits,
+                                    disk_roots=spawn.disk_roots if spawn.disk_roots is not None else self.disk_roots)
+        ex = self.inner.run(spawn)
+        self.enforced = getattr(ex, "limits", ()) or self.enforced
+        self.gaps = getattr(ex, "limit_gaps", ()) or self.gaps
+        return ex
 
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -215,17 +251,44 @@ class LocalRunner:
     _own: ClassVar[set[int]] = set()
     _own_lock: ClassVar[threading.Lock] = threading.Lock()
 
-    def __init__(self, use_cgroup: bool = True) -> None:
+    def __init__(self, use_cgroup: bool = True, limits: Limits | None = None) -> None:
         self.use_cgroup = use_cgroup
+        # Kernel limits by default; the disk watcher only where a caller asks (it walks the roots).
+        self.limits = limits if limits is not None else dataclasses.replace(Limits.default(), disk=None)
 
     def run(self, spawn: Spawn) -> Exit:
         start = time.monotonic()
         deadline = start + spawn.deadline_s
-        group = JobGroup.create(group_name(spawn.name)) if self.use_cgroup else None
+        limits = spawn.limits or self.limits
+        group = JobGroup.create(group_name(spawn.name), limits) if self.use_cgroup else None
         cleanup = "cgroup" if group is not None else ("subreaper" if _become_subreaper() else "pgid")
+        enforced = tuple(group.enforced.values()) if group is not None else ()
+        gaps = list(group.gaps) if group is not None else []
+        if group is None and any(v is not None for v in (limits.memory, limits.pids, limits.cpu_weight)):
+            gaps.append("memory, pids and CPU limits not enforced: no writable cgroup on this machine")
         marker_value = f"{spawn.name}:{time.monotonic_ns()}"
         env = dict(spawn.env)
         env["PROCTOR_RUN_MARKER"] = marker_value
+        disk: _DiskWatch | None = None
+        if limits.disk is not None:
+            roots = spawn.disk_roots if spawn.disk_roots is not None else tuple(
+                Path(p) for p in (spawn.cwd, env.get("TMPDIR")) if p)
+            disk = _DiskWatch(roots, limits.disk, group)
+            enforced += (f"disk {human(limits.disk)} added to {', '.join(map(str, disk.roots))} (watched)",)
+        gaps_t = tuple(gaps)
+
+        # The last check before the launch: a stop engaged during the setup (worktree, version probe,
+        # confinement, the disk baseline) launches nothing.
+        if spawn.poll is not None:
+            try:
+                reason = spawn.poll()
+            except Exception as exc:  # noqa: BLE001 - a poll that fails is a reason not to launch
+                reason = f"stopped: the stop check failed ({exc})"
+            if reason:
+                if group is not None:
+                    group.remove()
+                return Exit(exit_code=None, killed_reason=reason, cleanup=cleanup, launched=False,
+                            duration_s=time.monotonic() - start, limits=enforced, limit_gaps=gaps_t)
 
         # Registered under the lock that orphan reaping takes: no window where our own exited child looks
         # like an orphan's zombie to another thread.
@@ -242,13 +305,14 @@ class LocalRunner:
                 close_fds=True,
                 # Joining the job group before exec is the one race-free way in pure Python: a child moved
                 # after Popen returns could already have forked. The callback is one os.write.
-                preexec_fn=group.join_child if group is not None else None,
+                preexec_fn=_preexec(group, None),  # RLIMIT_FSIZE off: it broke sparse files and hid unlinked-file kills
             )
         except (OSError, subprocess.SubprocessError, ValueError) as exc:  # ValueError: a NUL in argv/env
             self._own_lock.release()
             if group is not None:
                 group.remove()
-            return Exit(exit_code=None, spawn_error=f"{type(exc).__name__}: {exc}", cleanup=cleanup)
+            return Exit(exit_code=None, spawn_error=f"{type(exc).__name__}: {exc}", cleanup=cleanup,
+                        limits=enforced, limit_gaps=gaps_t)
         self._own.add(proc.pid)
         self._own_lock.release()
         if group is not None:
@@ -287,6 +351,8 @@ class LocalRunner:
             threads.append(threading.Thread(target=_feed, args=(proc.stdin, spawn.stdin), daemon=True))
         for t in threads:
             t.start()
+        if disk is not None:
+            disk.start(tree)
 
         timed_out = False
         killed_reason: str | None = None
@@ -303,6 +369,10 @@ class LocalRunner:
             if watch_reason:
                 killed_reason = watch_reason[0]
                 break
+            hit = (group.limit_hit() if group is not None else None) or (disk.hit if disk is not None else None)
+            if hit:
+                killed_reason = hit
+                break
             if spawn.poll is not None:
                 reason = spawn.poll()
                 if reason:
@@ -311,9 +381,12 @@ class LocalRunner:
 
         leftovers = 0
         if timed_out or killed_reason:
-            # TERM first, a short grace, then KILL the whole tree: some CLIs ignore TERM for hours.
-            tree.signal_all(signal.SIGTERM)
-            grace_end = time.monotonic() + spawn.term_grace_s
+            # TERM first, a short grace, then KILL the whole tree: some CLIs ignore TERM for hours. A run
+            # past a resource limit gets no grace: a fork bomb or a runaway allocation would use it.
+            if not (killed_reason or "").startswith("resource_limit"):
+                tree.signal_all(signal.SIGTERM)
+            grace_end = time.monotonic() + (0 if (killed_reason or "").startswith("resource_limit")
+                                            else spawn.term_grace_s)
             while time.monotonic() < grace_end and tree.alive():
                 time.sleep(0.02)
             tree.kill()
@@ -323,6 +396,13 @@ class LocalRunner:
             leftovers = len(left)
             if leftovers:
                 tree.kill()
+            # The kernel may have killed a member (the OOM killer) or refused a fork just before the exit:
+            # the run was still ended, or changed, by a limit.
+            hit = (group.limit_hit() if group is not None else None) or (disk.final() if disk is not None else None)
+            if hit:
+                killed_reason = hit
+        if disk is not None:
+            disk.stop()
         exit_code = proc.wait()
         tree.root_reaped = True
         with self._own_lock:
@@ -347,6 +427,8 @@ class LocalRunner:
             cleanup=cleanup,
             leftovers_killed=leftovers,
             pid=proc.pid,
+            limits=enforced,
+            limit_gaps=gaps_t,
         )
 
 
@@ -366,6 +448,128 @@ class LocalRunner:
                         os.waitpid(c.pid, os.WNOHANG)
                     except ChildProcessError:
                         pass
+
+
+DISK_POLL_S = 0.1
+
+
+def _preexec(group: JobGroup | None, disk: int | None) -> Callable[[], None] | None:
+    """What the child does between fork and exec: join the job's groups, and cap any one file it writes at
+    the disk limit (RLIMIT_FSIZE: the kernel refuses the byte past it, so a single huge file never
+    overshoots between two polls of the watcher). Syscalls only: no lock another thread may hold."""
+    if disk is None:
+        return group.join_child if group is not None else None
+    import resource
+
+    cap = (disk, disk)
+
+    def child() -> None:
+        if group is not None:
+            group.join_child()
+        resource.setrlimit(resource.RLIMIT_FSIZE, cap)
+
+    return child
+
+
+def _usage(roots: Sequence[Path]) -> int:
+    """Bytes allocated beneath `roots` (st_blocks, no symlink followed, each inode once)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    stack = [str(r) for r in roots]
+    while stack:
+        top = stack.pop()
+        try:
+            it = os.scandir(top)
+        except OSError:
+            continue
+        with it:
+            for e in it:
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                key = (st.st_dev, st.st_ino)
+                if key in seen:
+                    continue
+                seen.add(key)
+                total += st.st_blocks * 512
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+    return total
+
+
+def _unlinked_open(pids: Sequence[int]) -> int:
+    """Bytes held by files the run's processes keep open after unlinking them (invisible to a walk)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                st = os.stat(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if st.st_nlink == 0 and (st.st_dev, st.st_ino) not in seen and (st.st_mode & 0o170000) == 0o100000:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total
+
+
+class _DiskWatch:
+    """Polls the bytes a run added to its writable roots; `hit` names the cap once they pass it."""
+
+    def __init__(self, roots: Sequence[Path], cap: int, group: JobGroup | None) -> None:
+        # Nested roots (a TMPDIR inside the cwd) are walked once.
+        rs = sorted({Path(os.path.abspath(r)) for r in roots}, key=lambda p: len(p.parts))
+        self.roots = tuple(r for i, r in enumerate(rs) if not any(o in r.parents for o in rs[:i]))
+        self.cap = cap
+        self.group = group
+        self.baseline = _usage(self.roots)
+        self.hit: str | None = None
+        self.peak = 0
+        self._stop = threading.Event()
+        self._tree: _Tree | None = None
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self, tree: _Tree) -> None:
+        self._tree = tree
+        self._thread.start()
+
+    def _pids(self) -> list[int]:
+        if self.group is not None:
+            return self.group.pids()
+        return [p.pid for p in self._tree.alive()] if self._tree is not None else []
+
+    def check(self) -> str | None:
+        added = _usage(self.roots) + _unlinked_open(self._pids()) - self.baseline
+        self.peak = max(self.peak, added)
+        if added >= self.cap and self.hit is None:
+            self.hit = (f"resource_limit: disk limit {human(self.cap)} reached: the job added {human(added)} "
+                        f"({added} bytes) to {', '.join(map(str, self.roots))}")
+        return self.hit
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            try:
+                if self.check():
+                    return
+            except Exception:  # noqa: BLE001 - a failing walk must not end the watch silently
+                pass
+            # Adaptive: a big tree is walked at most ~10% of the time.
+            self._stop.wait(max(DISK_POLL_S, 10 * (time.monotonic() - t0)))
+
+    def final(self) -> str | None:
+        """One last look after the run exited (it may have written its last bytes just before)."""
+        return self.hit or self.check()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
 
 
 def _feed(fh, data: bytes) -> None:

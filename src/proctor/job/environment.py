@@ -1,0 +1,544 @@
+"""The job's environment: what validation (and, later, the agent) needs to run the repo's own tests as the
+developer does, without trusting the agent.
+
+Owns three things, as data and small functions (no host state):
+
+    settings(config, repo, git_dir, base_sha) -> RepoSettings | str   the per-repo keys: config.toml's
+                        [repos."<abs path>"] over the `.proctor.toml` committed at the base (read from git
+                        objects, never the agent's copy); a str is why it could not be read
+    prepare(checkout, main_checkout, plan, settings, ...) -> JobEnvironment   extra env, read-only shares,
+                        copied files, the known risks
+    apply(jenv)  /  check(jenv, probe)   make the dirs, copies and links; probe where the code under test
+                        resolves, in the same confined environment, and name every escape as a risk
+
+Why (issue 12, measured on real projects): a src-layout package installed editable in the active venv was
+imported from the main checkout, so a breaking diff came back `completed`; `npm test` could never pass
+without the main checkout's `node_modules`, and `$HOME` was not writable. The rules:
+
+- Writable caches are the job's own: `HOME`, `XDG_CACHE_HOME`, `npm_config_cache`, `CARGO_TARGET_DIR`,
+  `GOCACHE` live under the job's private tmp. Toolchains found through `$HOME` (`~/.cargo`, `~/.rustup`,
+  `~/.pyenv`, `~/go`, `~/.local`) stay reachable, pinned to the real paths and read-only.
+- Python: `PYTHONPATH` puts the validated tree's import root (`src/` or the root) first, ahead of any
+  editable install (a `.pth` path or setuptools' finder, which sits after the path finder).
+- Shares (`node_modules`, `.venv`, ...) come from the main checkout, read-only (a bwrap bind, or a symlink
+  that Landlock keeps read-only), and only when the lockfile is byte-identical between the validated tree
+  and the main checkout: dependencies installed for another lockfile would test something else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import stat
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from proctor.job import validate
+from proctor.job.git import git
+
+PROCTOR_TOML = ".proctor.toml"
+MAX_READ = 1024 * 1024
+MAX_COPY = 16 * 1024 * 1024
+# Lockfiles that pin a share's content; a share is used only when each is identical on both sides.
+LOCKFILES = {
+    "node_modules": ("package-lock.json", "npm-shrinkwrap.json", "yarn.lock", "pnpm-lock.yaml", "bun.lockb",
+                     "package.json"),
+    ".venv": ("uv.lock", "poetry.lock", "pdm.lock", "Pipfile.lock", "requirements.txt", "pyproject.toml",
+              "setup.cfg", "setup.py"),
+    "venv": ("uv.lock", "poetry.lock", "pdm.lock", "Pipfile.lock", "requirements.txt", "pyproject.toml",
+             "setup.cfg", "setup.py"),
+    "vendor": ("go.sum", "go.mod", "composer.lock"),
+}
+# Toolchain homes found through $HOME: pinned to the real path when HOME moves (read-only to the job).
+HOME_TOOLS = (("CARGO_HOME", ".cargo"), ("RUSTUP_HOME", ".rustup"), ("PYENV_ROOT", ".pyenv"),
+              ("NVM_DIR", ".nvm"), ("GOPATH", "go"), ("PYTHONUSERBASE", ".local"), ("ASDF_DATA_DIR", ".asdf"),
+              ("VOLTA_HOME", ".volta"), ("BUN_INSTALL", ".bun"), ("DENO_DIR", ".cache/deno"))
+NOT_PACKAGES = frozenset({"tests", "test", "testing", "docs", "doc", "examples", "example", "benchmarks",
+                          "bench", "scripts", "tools", "build", "dist", "site-packages", "node_modules"})
+NOT_MODULES = frozenset({"setup", "conftest", "noxfile", "fabfile", "tasks", "manage", "docs_conf"})
+
+
+@dataclass(frozen=True)
+class RepoSettings:
+    """The per-repo keys (config.toml `[repos."<path>"]`, `.proctor.toml` at the base)."""
+
+    setup: tuple[str, ...] = ()  # shell commands run in the job's checkout, confined, network off
+    copy: tuple[str, ...] = ()  # untracked files of the main checkout copied in (`.env`)
+    share: tuple[str, ...] | None = None  # ignored dependency dirs exposed read-only; None: autodetect
+    validate: str | None = None  # the repo's test command, over autodetect (not over --validate-cmd)
+    registries: tuple[str, ...] = ()  # egress hosts for `setup` (recorded; see the README's gap)
+    source: str = ""  # where the keys came from, for risks
+
+
+@dataclass(frozen=True)
+class Share:
+    source: Path  # in the main checkout
+    target: Path  # in the validated checkout
+    lockfiles: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class JobEnvironment:
+    checkout: Path
+    main_checkout: Path
+    env: dict[str, str] = field(default_factory=dict)
+    shares: tuple[Share, ...] = ()
+    bind: bool = True  # shares as read-only bind mounts (bwrap); else symlinks (kept read-only by Landlock)
+    copies: tuple[tuple[Path, Path], ...] = ()  # (source in the main checkout, target in the checkout)
+    dirs: tuple[Path, ...] = ()  # private dirs to create (HOME, caches)
+    readonly: tuple[Path, ...] = ()  # toolchain homes that must stay visible and unwritable
+    risks: tuple[str, ...] = ()
+    python_packages: tuple[str, ...] = ()
+    node_package: str | None = None
+    setup: tuple[str, ...] = ()
+
+    @property
+    def ro_binds(self) -> tuple[tuple[Path, Path], ...]:
+        return tuple((s.source, s.target) for s in self.shares) if self.bind else ()
+
+
+# -- reading files the agent may have written: regular file only, no-follow, non-blocking, capped ------
+
+def read_capped(path: Path, cap: int = MAX_READ) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > cap:
+            return None
+        chunks, total = [], 0
+        while total <= cap:
+            b = os.read(fd, 65536)
+            if not b:
+                break
+            chunks.append(b)
+            total += len(b)
+        return b"".join(chunks) if total <= cap else None
+    finally:
+        os.close(fd)
+
+
+def _toml(data: bytes | None) -> dict:
+    if not data:
+        return {}
+    try:
+        out = tomllib.loads(data.decode("utf-8", "replace"))
+    except tomllib.TOMLDecodeError:
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
+# -- settings --------------------------------------------------------------------------------------------
+
+def _strs(raw: object, key: str, origin: str) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw):
+        raise ValueError(f"{origin}: {key} must be a string or a list of strings")
+    return tuple(raw)
+
+
+KEYS = ("setup", "copy", "share", "validate", "registries")
+
+
+def parse_settings(table: Mapping, origin: str) -> RepoSettings:
+    """One table of the per-repo keys; an unknown key or a wrong type raises ValueError naming it."""
+    unknown = sorted(set(table) - set(KEYS))
+    if unknown:
+        raise ValueError(f"{origin}: unknown keys {', '.join(unknown)} (known: {', '.join(KEYS)})")
+    val = table.get("validate")
+    if val is not None and (not isinstance(val, str) or not val.strip()):
+        raise ValueError(f"{origin}: validate must be a non-empty string")
+    for p in (*_strs(table.get("copy"), "copy", origin), *_strs(table.get("share"), "share", origin)):
+        if p.startswith("/") or ".." in Path(p).parts or not p.strip():
+            raise ValueError(f"{origin}: {p!r} must be a relative path inside the repo")
+    return RepoSettings(setup=_strs(table.get("setup"), "setup", origin),
+                        copy=_strs(table.get("copy"), "copy", origin),
+                        share=_strs(table.get("share"), "share", origin) if "share" in table else None,
+                        validate=val, registries=_strs(table.get("registries"), "registries", origin),
+                        source=origin)
+
+
+def base_file(git_dir: Path, base_sha: str, name: str = PROCTOR_TOML) -> bytes | None:
+    """`name` as committed at the base, from git objects (never a checkout the agent could write)."""
+    res = git(["cat-file", "blob", f"{base_sha}:{name}"], git_dir=git_dir)
+    return res.out if res.ok and len(res.out) <= MAX_READ else None
+
+
+def settings(repo_tables: Mapping[str, Mapping] | None, repo: Path, git_dir: Path,
+             base_sha: str) -> RepoSettings | str:
+    """config.toml's `[repos."<repo>"]` keys over the base's `.proctor.toml` keys, key by key (the
+    operator's config wins). A str: why they could not be read (a risk; the defaults apply)."""
+    committed: dict = {}
+    raw = base_file(git_dir, base_sha)
+    if raw is not None:
+        try:
+            committed = tomllib.loads(raw.decode("utf-8", "replace"))
+        except tomllib.TOMLDecodeError as exc:
+            return f"{PROCTOR_TOML} at the base is not valid TOML ({exc}): its keys were not used"
+    mine = {}
+    for key, table in (repo_tables or {}).items():
+        if Path(key).resolve() == repo.resolve():
+            mine = dict(table)
+    merged = {**{k: v for k, v in committed.items()}, **mine}
+    origin = " + ".join(x for x, on in ((f"{PROCTOR_TOML} at the base", bool(committed)),
+                                         (f'config [repos."{repo}"]', bool(mine))) if on) or "defaults"
+    try:
+        return parse_settings(merged, origin)
+    except ValueError as exc:
+        return f"{exc}: the repo's keys were not used"
+
+
+# -- detection -------------------------------------------------------------------------------------------
+
+def _is_ident(name: str) -> bool:
+    return name.isidentifier() and not name.startswith(".")
+
+
+def python_layout(checkout: Path) -> tuple[Path | None, tuple[str, ...]]:
+    """(import root, top-level packages/modules) of the Python project at `checkout`, or (None, ())."""
+    py = _toml(read_capped(checkout / "pyproject.toml"))
+    has_py = bool(py) or any((checkout / f).is_file() for f in ("setup.py", "setup.cfg"))
+    if not has_py:
+        return None, ()
+    where = None
+    tool = py.get("tool", {}) if isinstance(py.get("tool"), dict) else {}
+    st = tool.get("setuptools", {}) if isinstance(tool.get("setuptools"), dict) else {}
+    pk = st.get("packages")
+    if isinstance(pk, dict) and isinstance(pk.get("find"), dict):
+        w = pk["find"].get("where")
+        if isinstance(w, list) and w and isinstance(w[0], str):
+            where = w[0]
+    pdir = st.get("package-dir")
+    if isinstance(pdir, dict) and isinstance(pdir.get(""), str):
+        where = pdir[""]
+    cfg = read_capped(checkout / "setup.cfg") or b""
+    if where is None and b"package_dir" in cfg and b"=src" in cfg.replace(b" ", b""):
+        where = "src"
+    if where is None and (checkout / "src").is_dir() and not (checkout / "src" / "__init__.py").exists():
+        where = "src"
+    root = (checkout / where) if where else checkout
+    if not root.is_dir() or root.is_symlink():
+        return None, ()
+    names: list[str] = []
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError:
+        return root, ()
+    for e in entries:
+        if e.is_symlink():
+            continue
+        if e.is_dir() and _is_ident(e.name) and e.name not in NOT_PACKAGES and (
+                (Path(e.path) / "__init__.py").is_file() or where):
+            if where or (Path(e.path) / "__init__.py").is_file():
+                names.append(e.name)
+        elif e.is_file() and e.name.endswith(".py"):
+            stem = e.name[:-3]
+            if _is_ident(stem) and stem not in NOT_MODULES and not stem.startswith("test_") \
+                    and not stem.endswith("_test"):
+                names.append(stem)
+    project = py.get("project", {}) if isinstance(py.get("project"), dict) else {}
+    pname = project.get("name")
+    if isinstance(pname, str):
+        norm = pname.replace("-", "_").replace(".", "_").lower()
+        if norm in names:  # the distribution's own package first: the one that matters
+            names.remove(norm)
+            names.insert(0, norm)
+    return root, tuple(names[:20])
+
+
+def node_package(checkout: Path) -> str | None:
+    try:
+        data = json.loads((read_capped(checkout / "package.json") or b"").decode("utf-8", "replace"))
+    except ValueError:
+        return None
+    name = data.get("name") if isinstance(data, dict) else None
+    return name if isinstance(name, str) and name and len(name) < 215 else None
+
+
+def _same(a: Path, b: Path, name: str) -> bool | None:
+    """True identical, False different, None absent on both sides."""
+    x, y = read_capped(a / name, 64 * MAX_READ), read_capped(b / name, 64 * MAX_READ)
+    if x is None and y is None:
+        return None
+    return x == y
+
+
+def _unchanged(checkout: Path, main: Path, names: Sequence[str]) -> tuple[bool, list[str]]:
+    """Every named lockfile identical (or absent) on both sides, and at least one present."""
+    present, differ = [], []
+    for n in names:
+        s = _same(checkout, main, n)
+        if s is None:
+            continue
+        present.append(n)
+        if not s:
+            differ.append(n)
+    return bool(present) and not differ, differ
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or path.is_relative_to(root)
+
+
+# -- prepare ---------------------------------------------------------------------------------------------
+
+def prepare(checkout: Path, main_checkout: Path, plan: validate.Plan, base_config: RepoSettings | None = None,
+            *, tmp: Path, env: Mapping[str, str] | None = None, bind: bool = True) -> JobEnvironment:
+    """What validation of `checkout` (a tree the host made) needs, mirroring `main_checkout` (the user's).
+
+    `tmp` is the job's private, writable dir for this run; `env` the environment validation would get
+    otherwise (the agent's: the user's PATH and HOME); `bind`: shares as bind mounts (bwrap) rather than
+    symlinks. Reads the checkout's files only as capped regular files; creates nothing (apply() does)."""
+    cfg = base_config or RepoSettings()
+    env = dict(env or os.environ)
+    checkout, main = Path(checkout), Path(main_checkout).resolve()
+    risks: list[str] = []
+    extra: dict[str, str] = {}
+    real_home = Path(env.get("HOME") or str(Path.home()))
+    home = tmp / "home"
+    cache = home / ".cache"
+    dirs = [home, cache]
+    readonly: list[Path] = []
+    for var, rel in HOME_TOOLS:
+        if var in env:
+            continue
+        p = real_home / rel
+        if p.is_dir():
+            extra[var] = str(p)
+            readonly.append(p)
+    extra.update({"HOME": str(home), "XDG_CACHE_HOME": str(cache), "XDG_CONFIG_HOME": str(home / ".config"),
+                  "XDG_DATA_HOME": str(home / ".local" / "share"), "XDG_STATE_HOME": str(home / ".local" / "state")})
+    dirs += [home / ".config", home / ".local" / "share", home / ".local" / "state"]
+    # Writable caches: the job's own.
+    extra["npm_config_cache"] = str(tmp / "npm-cache")
+    extra["npm_config_update_notifier"] = "false"
+    extra["npm_config_fund"] = "false"
+    extra["npm_config_audit"] = "false"
+    extra["CARGO_TARGET_DIR"] = str(tmp / "cargo-target")
+    extra["CARGO_NET_OFFLINE"] = "true"  # fail at once, not after a resolver's timeout
+    extra["GOCACHE"] = str(tmp / "go-build")
+    extra["GOPROXY"] = "off"  # the module cache is read-only and the network is off: fail at once
+    extra["GOTOOLCHAIN"] = env.get("GOTOOLCHAIN", "local")
+    extra["PIP_NO_INDEX"] = "1"
+    dirs += [tmp / "npm-cache", tmp / "cargo-target", tmp / "go-build"]
+    if "GOMODCACHE" not in env:
+        gm = Path(env.get("GOPATH") or str(real_home / "go")) / "pkg" / "mod"
+        if gm.is_dir():
+            extra["GOMODCACHE"] = str(gm)
+            readonly.append(gm)
+
+    # Python: the validated tree's import root first.
+    root, pkgs = python_layout(checkout)
+    if root is not None:
+        prior = env.get("PYTHONPATH", "")
+        extra["PYTHONPATH"] = os.pathsep.join(x for x in (str(root), prior) if x)
+        extra["PYTHONDONTWRITEBYTECODE"] = "1"
+        extra["PYTHONNOUSERSITE"] = env.get("PYTHONNOUSERSITE", "")
+        if not extra["PYTHONNOUSERSITE"]:
+            del extra["PYTHONNOUSERSITE"]
+        venv = main / ".venv"
+        if "VIRTUAL_ENV" not in env and (venv / "bin" / "python").exists() and not (checkout / ".venv").exists():
+            # The repo's own venv, not active: use it as the developer would (its interpreter, read-only).
+            extra["VIRTUAL_ENV"] = str(venv)
+            extra["PATH"] = os.pathsep.join(x for x in (str(venv / "bin"), env.get("PATH", "")) if x)
+    npkg = node_package(checkout)
+
+    # Shares: configured, else autodetected (dirs the main checkout has that the tree lacks).
+    wanted = cfg.share if cfg.share is not None else tuple(
+        n for n in ("node_modules",) if (main / n).is_dir())
+    shares: list[Share] = []
+    for rel in wanted:
+        src, dst = main / rel, checkout / rel
+        if not src.is_dir() or src.is_symlink() or not _inside(src.resolve(), main):
+            if cfg.share is not None:
+                risks.append(f"share {rel!r} is not a directory inside the main checkout: not shared")
+            continue
+        if os.path.lexists(dst):
+            risks.append(f"share {rel!r} not used: the job's tree has its own {rel}")
+            continue
+        names = LOCKFILES.get(Path(rel).name, ())
+        if names:
+            ok, differ = _unchanged(checkout, main, names)
+            if not ok:
+                why = (f"the lockfile changed ({', '.join(differ)})" if differ
+                       else f"no lockfile ({', '.join(names[:3])}) pins it")
+                risks.append(f"{rel} of the main checkout not shared: {why}; validation runs without it")
+                continue
+        shares.append(Share(src, dst, tuple(n for n in names if (checkout / n).exists())))
+    copies: list[tuple[Path, Path]] = []
+    for rel in cfg.copy:
+        src, dst = main / rel, checkout / rel
+        if os.path.lexists(dst):
+            risks.append(f"copy {rel!r} skipped: the job's tree has that path")
+            continue
+        if not src.is_file() or src.is_symlink():
+            risks.append(f"copy {rel!r} skipped: not a regular file in the main checkout")
+            continue
+        copies.append((src, dst))
+    return JobEnvironment(checkout=checkout, main_checkout=main, env=extra, shares=tuple(shares), bind=bind,
+                          copies=tuple(copies), dirs=tuple(dirs), readonly=tuple(readonly), risks=tuple(risks),
+                          python_packages=pkgs, node_package=npkg, setup=cfg.setup)
+
+
+def plan_for(plan: validate.Plan, cfg: RepoSettings | None, *, given: bool) -> validate.Plan:
+    """The validation plan with the repo's `setup` steps first and its `validate` over autodetect (a
+    request's own --validate-cmd, `given`, stays)."""
+    if cfg is None:
+        return plan
+    steps = list(plan.steps)
+    if cfg.validate and not given:
+        steps = list(validate.given(cfg.validate).steps)
+    if not steps:
+        return plan
+    setup = [validate.Step(f"setup: {c}", ("/bin/sh", "-c", c)) for c in cfg.setup]
+    return validate.Plan(tuple(setup + steps))
+
+
+def apply(jenv: JobEnvironment) -> str | None:
+    """Create the private dirs, copy the copied files, and (without binds) link the shares. A str is why not."""
+    try:
+        for d in jenv.dirs:
+            d.mkdir(parents=True, exist_ok=True)
+        for src, dst in jenv.copies:
+            data = read_capped(src, MAX_COPY)
+            if data is None:
+                return f"cannot read {src} (not a regular file under {MAX_COPY} bytes)"
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+        if not jenv.bind:
+            for s in jenv.shares:
+                os.symlink(s.source, s.target)
+    except OSError as exc:
+        return f"cannot prepare the job's environment: {exc}"
+    return None
+
+
+# -- check -----------------------------------------------------------------------------------------------
+
+PY_PROBE = """
+import importlib.util, json, sys
+out = {}
+for name in sys.argv[1:]:
+    try:
+        spec = importlib.util.find_spec(name)
+    except Exception as exc:
+        out[name] = {"error": repr(exc)[:300]}
+        continue
+    if spec is None:
+        out[name] = {"missing": True}
+        continue
+    locs = list(spec.submodule_search_locations or [])
+    out[name] = {"origin": spec.origin, "locations": locs}
+print("PROCTOR-PROBE " + json.dumps(out))
+"""
+
+NODE_PROBE = """
+const fs = require('fs'), path = require('path');
+const out = {self: null, links: []};
+const name = process.argv[1];
+if (name) { try { out.self = fs.realpathSync(require.resolve(name, {paths: [process.cwd()]})); } catch (e) {} }
+const nm = path.join(process.cwd(), 'node_modules');
+function scan(dir, depth) {
+  let ents = []; try { ents = fs.readdirSync(dir, {withFileTypes: true}); } catch (e) { return; }
+  for (const e of ents) {
+    const p = path.join(dir, e.name);
+    if (e.name.startsWith('@') && e.isDirectory() && depth === 0) { scan(p, 1); continue; }
+    if (e.isSymbolicLink()) { try { out.links.push([p, fs.realpathSync(p)]); } catch (err) {} }
+  }
+}
+scan(nm, 0);
+console.log('PROCTOR-PROBE ' + JSON.stringify(out));
+"""
+
+Probe = Callable[[list[str]], "tuple[int | None, bytes]"]
+
+
+def probes(jenv: JobEnvironment, env: Mapping[str, str]) -> list[tuple[str, list[str]]]:
+    """(kind, argv) of each probe to run confined, in the checkout, with the job environment."""
+    out = []
+    path = {**env, **jenv.env}.get("PATH", "")
+    if jenv.python_packages:
+        py = shutil.which("python", path=path) or shutil.which("python3", path=path)
+        if py:
+            out.append(("python", [py, "-c", PY_PROBE, *jenv.python_packages]))
+    if jenv.node_package is not None or jenv.shares:
+        node = shutil.which("node", path=path)
+        if node and (jenv.checkout / "package.json").exists():
+            out.append(("node", [node, "-e", NODE_PROBE, jenv.node_package or ""]))
+    return out
+
+
+def _parse(raw: bytes) -> dict | None:
+    for line in raw.decode("utf-8", "replace").splitlines():
+        if line.startswith("PROCTOR-PROBE "):
+            try:
+                val = json.loads(line[len("PROCTOR-PROBE "):])
+            except ValueError:
+                return None
+            return val if isinstance(val, dict) else None
+    return None
+
+
+def judge(jenv: JobEnvironment, kind: str, raw: bytes) -> tuple[list[str], dict]:
+    """Risks from one probe's output: the code under test resolving outside the validated tree."""
+    data = _parse(raw)
+    if data is None:
+        return [f"the {kind} import probe gave no answer: where the code under test resolves is unknown"], {}
+    checkout = jenv.checkout.resolve()
+    shared = [s.source.resolve() for s in jenv.shares]
+    risks: list[str] = []
+    if kind == "python":
+        for name, info in data.items():
+            if not isinstance(info, dict) or "origin" not in info:
+                continue
+            where = [p for p in [info.get("origin"), *(info.get("locations") or [])] if isinstance(p, str)
+                     and p not in ("built-in", "frozen", "namespace")]
+            outside = [p for p in where if not _inside(Path(p).resolve(), checkout)]
+            if outside:
+                risks.append(f"the package under test {name!r} resolves outside the validated tree "
+                             f"({outside[0]}): validation did not test the job's code")
+        return risks, data
+    self_path = data.get("self")
+    if isinstance(self_path, str) and not _inside(Path(self_path), checkout):
+        risks.append(f"the package under test {jenv.node_package!r} resolves outside the validated tree "
+                     f"({self_path}): validation did not test the job's code")
+    main = jenv.main_checkout
+    for link in data.get("links") or []:
+        if not (isinstance(link, list) and len(link) == 2 and isinstance(link[1], str)):
+            continue
+        real = Path(link[1])
+        if _inside(real, main) and not any(_inside(real, s) for s in shared):
+            risks.append(f"node_modules links back into the main checkout: {link[0]} -> {real}")
+    return risks[:5], data
+
+
+def check(jenv: JobEnvironment, env: Mapping[str, str], probe: Probe) -> tuple[list[str], dict]:
+    """Run each probe (`probe(argv) -> (exit, stdout)`, confined by the caller, cwd the checkout, env the
+    job's) and judge it. Returns the risks and what each probe found (for the result's details)."""
+    risks: list[str] = []
+    found: dict = {}
+    for kind, argv in probes(jenv, env):
+        code, out = probe(argv)
+        r, data = judge(jenv, kind, out if code == 0 else b"")
+        risks += r
+        found[kind] = data
+    return risks, found
+
+
+def describe(jenv: JobEnvironment) -> dict:
+    """For the ledger: what the environment was (never secrets' contents)."""
+    return {"shares": [f"{s.source} -> {s.target}" for s in jenv.shares], "bind": jenv.bind,
+            "copies": [str(d) for _, d in jenv.copies], "python_packages": list(jenv.python_packages),
+            "node_package": jenv.node_package, "setup": [shlex.quote(c) for c in jenv.setup],
+            "env": sorted(jenv.env)}

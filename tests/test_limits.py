@@ -1,0 +1,296 @@
+"""Per-job resource limits on real processes (issue 11 item 2) and the stop check right before a launch (item 4).
+
+Each kill has a control beside it: a legitimate run under the same limits that completes. Limits are
+configured small (64 MiB, 64 tasks, a few MiB of disk) so the tests cost the 2-core / 24 GiB machine nothing.
+Tests that need the cgroup skip where there is none, and fail instead under CI=true.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import UNCONFINED, make_repo
+from proctor import RunAgentRequest, Status, run_agent
+from proctor.config import ConfigError, LimitsSettings, load_config, parse_size
+from proctor.contract import Code
+from proctor.job import cgroup
+from proctor.job.cgroup import Limits
+from proctor.job.process import Limited, LocalRunner, Spawn
+from proctor.stop import StopSwitch
+
+PY = sys.executable
+MIB = 1 << 20
+SMALL = Limits(memory=64 * MIB, swap=0, pids=64, cpu_weight=50, disk=4 * MIB)
+
+
+@pytest.fixture
+def need_cgroup():
+    group = cgroup.JobGroup.create(cgroup.group_name("probe"), SMALL)
+    ok = group is not None and {"memory", "pids"} <= set(group.ctl)
+    if group is not None:
+        group.remove()
+    if not ok:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI=true: the per-job cgroup with memory and pids controllers is required here")
+        pytest.skip("no writable cgroup with memory and pids controllers on this machine")
+
+
+class Heartbeat:
+    """A loop in the host timing itself while a job runs: its worst gap is the host's responsiveness."""
+
+    def __init__(self, step: float = 0.01) -> None:
+        self.step, self.worst, self._stop = step, 0.0, threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        last = time.monotonic()
+        while not self._stop.is_set():
+            time.sleep(self.step)
+            now = time.monotonic()
+            self.worst = max(self.worst, now - last - self.step)
+            last = now
+
+    def __enter__(self) -> Heartbeat:
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._t.join()
+
+
+def run(tmp_path: Path, code: str, limits: Limits = SMALL, deadline: float = 30, **kw):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(exist_ok=True)
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    return LocalRunner().run(Spawn(argv=[PY, "-c", code], cwd=work, env=env, deadline_s=deadline, limits=limits,
+                                   name="limits", term_grace_s=0.2, **kw))
+
+
+ALLOC = """
+import sys
+chunks = []
+for _ in range(int(sys.argv[1])):
+    chunks.append(bytearray(8 << 20))   # touched: bytearray zero-fills
+print("allocated", len(chunks) * 8, "MiB", flush=True)
+"""
+
+
+# -- memory ---------------------------------------------------------------------------------------------
+
+def test_memory_limit_kills_the_job_and_the_host_stays_responsive(tmp_path, need_cgroup):
+    with Heartbeat() as hb:
+        ex = run(tmp_path, ALLOC.replace("int(sys.argv[1])", "64"))  # 512 MiB against 64 MiB
+    assert ex.killed_reason and ex.killed_reason.startswith("resource_limit: memory"), ex
+    assert "oom_kill" in ex.killed_reason and b"allocated" not in ex.stdout
+    assert ex.duration_s < 10 and hb.worst < 0.5, (ex.duration_s, hb.worst)
+    assert any(s.startswith("memory 64 MiB") for s in ex.limits), ex.limits
+
+
+def test_memory_control_below_the_limit_completes(tmp_path, need_cgroup):
+    ex = run(tmp_path, ALLOC.replace("int(sys.argv[1])", "2"))  # 16 MiB against 64 MiB
+    assert ex.ok and b"allocated 16 MiB" in ex.stdout, ex
+
+
+# -- pids -----------------------------------------------------------------------------------------------
+
+FORK_LOOP = """
+import os, time
+kids = []
+for _ in range(int(N)):
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(30); os._exit(0)
+    kids.append(pid)
+print("forked", len(kids), flush=True)
+for k in kids:
+    os.kill(k, 9); os.waitpid(k, 0)
+"""
+
+
+def test_pids_limit_kills_a_fork_loop(tmp_path, need_cgroup):
+    with Heartbeat() as hb:
+        ex = run(tmp_path, FORK_LOOP.replace("int(N)", "400"))
+    assert ex.killed_reason and ex.killed_reason.startswith("resource_limit: pids limit 64"), ex
+    assert "pids.events max" in ex.killed_reason and b"forked" not in ex.stdout
+    assert ex.duration_s < 10 and hb.worst < 0.5, (ex.duration_s, hb.worst)
+
+
+def test_pids_control_a_few_children_complete(tmp_path, need_cgroup):
+    ex = run(tmp_path, FORK_LOOP.replace("int(N)", "10"))
+    assert ex.ok and b"forked 10" in ex.stdout, ex
+
+
+# -- disk (watched) -------------------------------------------------------------------------------------
+
+WRITE = """
+import os, sys, time
+where, mib = sys.argv[1], int(sys.argv[2])
+path = os.path.join(os.environ["TMPDIR"] if where == "tmp" else os.getcwd(), "big.bin")
+with open(path, "wb") as fh:
+    if where == "unlinked":
+        os.unlink(path)
+    for _ in range(mib):
+        fh.write(b"x" * (1 << 20)); fh.flush(); os.fsync(fh.fileno())
+    print("wrote", mib, flush=True)
+    time.sleep(3)   # a writer that stays: the watcher, not the exit, must end it
+"""
+
+
+@pytest.mark.parametrize("where", ["tmp", "worktree", "unlinked"])
+def test_disk_limit_kills_a_job_writing_past_it(tmp_path, where):
+    code = WRITE.replace("sys.argv[1], int(sys.argv[2])", f"{where!r}, 16")
+    ex = run(tmp_path, code)
+    assert ex.killed_reason and ex.killed_reason.startswith("resource_limit: disk limit 4 MiB"), ex
+    assert ex.duration_s < 3, ex.duration_s
+
+
+def test_disk_control_small_writes_and_a_sparse_file_complete(tmp_path):
+    code = WRITE.replace("sys.argv[1], int(sys.argv[2])", "'tmp', 1").replace("time.sleep(3)", "pass")
+    code += "\nf = open('sparse.bin', 'wb'); f.truncate(1 << 30); f.close()\n"  # 1 GiB apparent, ~0 allocated
+    ex = run(tmp_path, code)
+    assert ex.ok and b"wrote 1" in ex.stdout, ex
+
+
+def test_disk_baseline_is_what_was_there_before(tmp_path):
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "checkout.bin").write_bytes(os.urandom(8 * MIB))  # the repo's own files: not counted
+    ex = run(tmp_path, "print('ok')")
+    assert ex.ok, ex
+
+
+# -- through run_agent ----------------------------------------------------------------------------------
+
+AGENT = """#!{py}
+import os, sys, time
+if sys.argv[1:] == ["--version"]:
+    if os.environ.get("STOP_IN_PROBE"):
+        from pathlib import Path
+        Path(os.environ["PROCTOR_HOME"], "STOP").write_text("stopped during the probe\\n")
+    print("lim 1.0"); sys.exit(0)
+open(os.path.join(os.environ["CALLS"], str(time.monotonic_ns())), "w").close()
+what = os.environ.get("DO", "")
+if what == "alloc":
+    keep = [bytearray(8 << 20) for _ in range(64)]
+elif what == "fork":
+    kids = [os.fork() or (time.sleep(30), os._exit(0)) for _ in range(400)]
+elif what in ("tmp", "worktree"):
+    d = os.environ["TMPDIR"] if what == "tmp" else os.getcwd()
+    with open(os.path.join(d, "big.bin"), "wb") as fh:
+        for _ in range(16):
+            fh.write(b"x" * (1 << 20)); fh.flush(); os.fsync(fh.fileno())
+        time.sleep(3)
+open("done.txt", "w").write("done\\n")
+"""
+
+
+def agent_setup(tmp_path, fake_bin, do: str, limits: str = 'memory = "64MiB"\npids = 64\ndisk = "4MiB"\n',
+                stop_in_probe: bool = False):
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    exe = fake_bin / "lim-agent"
+    exe.write_text(AGENT.replace("{py}", PY))
+    exe.chmod(0o755)
+    env = f'DO = "{do}", CALLS = "{calls}"' + (', STOP_IN_PROBE = "1"' if stop_in_probe else "")
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(UNCONFINED + f'[limits]\n{limits}\n[agents.lim]\ncommand = ["lim-agent", "{{prompt}}"]\n'
+                   f'version_args = ["--version"]\nenv = {{ {env} }}\n')
+    return load_config(cfg), calls
+
+
+def job(tmp_path, config):
+    repo = make_repo(tmp_path / "repo")
+    return run_agent(RunAgentRequest(agent="lim", task="t", repo=str(repo), ticket="T-1", validateCommand="true"),
+                     config=config)
+
+
+@pytest.mark.parametrize("do,limit,observed", [("alloc", "memory", "oom_kill"), ("fork", "pids", "pids.events max"),
+                                               ("tmp", "disk", "bytes"), ("worktree", "disk", "bytes")])
+def test_run_agent_killed_at_a_limit_is_resource_limit_never_retried(tmp_path, fake_bin, need_cgroup, do, limit,
+                                                                     observed):
+    config, calls = agent_setup(tmp_path, fake_bin, do)
+    res = job(tmp_path, config)
+    assert res.status is Status.failed and res.code is Code.RESOURCE_LIMIT, res
+    assert res.attempts == 1 and len(list(calls.iterdir())) == 1, "a limit kill is never retried"
+    risk = next(r for r in res.known_risks if "resource limit" in r)
+    assert f"{limit} limit" in risk and observed in risk, risk
+    assert res.needs_human_review
+
+
+def test_run_agent_control_completes_and_reports_its_limits(tmp_path, fake_bin, need_cgroup):
+    config, calls = agent_setup(tmp_path, fake_bin, "nothing")
+    res = job(tmp_path, config)
+    assert res.status is Status.completed and res.code is Code.OK, res
+    limits = res.confinement_details["limits"]
+    assert any(s.startswith("memory 64 MiB") for s in limits), limits
+    assert any(s.startswith("pids 64") for s in limits) and any(s.startswith("disk 4 MiB") for s in limits)
+    assert not any("resource limit" in r for r in res.known_risks)
+
+
+def test_validation_runs_under_the_same_limits(tmp_path):
+    seen = []
+
+    class Recorder:
+        def run(self, spawn):
+            seen.append(spawn)
+            return LocalRunner().run(spawn)
+
+    config, _ = agent_setup(tmp_path, tmp_path, "nothing")  # bin dir unused: the recorder is the runner
+    lim = Limited(Recorder(), config.limits.resolve(), (tmp_path,))
+    lim.run(Spawn(argv=["true"], cwd=tmp_path, env=dict(os.environ), deadline_s=5))
+    assert seen[0].limits.memory == 64 * MIB and seen[0].limits.disk == 4 * MIB and seen[0].disk_roots == (tmp_path,)
+
+
+# -- stop: the last check before each launch (item 4) ----------------------------------------------------
+
+def test_stop_engaged_during_the_version_probe_launches_nothing(tmp_path, fake_bin):
+    config, calls = agent_setup(tmp_path, fake_bin, "nothing", stop_in_probe=True)
+    try:
+        res = job(tmp_path, config)
+    finally:
+        StopSwitch().release()
+    assert res.status is Status.failed and res.code is Code.STOPPED, res
+    assert list(calls.iterdir()) == [], "the agent launched after proctor stop"
+    assert any("nothing was launched" in r for r in res.known_risks), res.known_risks
+
+
+def test_stop_control_same_probe_without_stop_launches(tmp_path, fake_bin):
+    config, calls = agent_setup(tmp_path, fake_bin, "nothing")
+    res = job(tmp_path, config)
+    assert res.status is Status.completed and len(list(calls.iterdir())) == 1, res
+
+
+def test_runner_reads_poll_right_before_the_spawn(tmp_path):
+    marker = tmp_path / "ran"
+    argv = [PY, "-c", f"open({str(marker)!r}, 'w').close()"]
+    ex = LocalRunner().run(Spawn(argv=argv, cwd=tmp_path, env=dict(os.environ), deadline_s=5,
+                                 poll=lambda: "stopped: test"))
+    assert not ex.launched and ex.killed_reason == "stopped: test" and ex.pid is None and not marker.exists()
+    control = LocalRunner().run(Spawn(argv=argv, cwd=tmp_path, env=dict(os.environ), deadline_s=5, poll=lambda: None))
+    assert control.ok and control.launched and marker.exists()
+
+
+# -- config ---------------------------------------------------------------------------------------------
+
+def test_limits_config_defaults_and_sizes(tmp_path):
+    d = LimitsSettings().resolve()
+    ram = cgroup.total_ram()
+    assert d.memory == ram // 3 and d.memory_total == ram * 3 // 4 and d.pids == 1024 and d.disk == 10 << 30
+    assert d.swap == 0 and d.cpu_weight == 100
+    assert parse_size("64MiB") == 64 * MIB and parse_size("1.5 GiB") == 3 << 29 and parse_size(4096) == 4096
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[limits]\nmemory = "lots"\n')
+    with pytest.raises(ConfigError, match="limits.memory"):
+        load_config(bad)
+    raised = tmp_path / "raised.toml"
+    raised.write_text('[limits]\nmemory = "16GiB"\npids = 4096\ndisk = "50GiB"\n')
+    r = load_config(raised).limits.resolve()
+    assert r.memory == 16 << 30 and r.pids == 4096 and r.disk == 50 << 30
