@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from proctor.commands import LedgerTamperedError, RequestCode, UndeclaredWritesError, run_request
+from proctor.commands import LedgerTamperedError, UndeclaredWritesError, run_request
 from proctor.confine import Unavailable, choose, detect
 from test_commands_support import PY, git, home, isolation_mode, project, toml_str, tools  # noqa: F401
 

@@ -26,6 +26,7 @@ from proctor.commands.allowlist import Entry
 from proctor.commands.controlplane import ControlPlane, Fingerprint, fingerprint, real
 from proctor.confine import Capabilities, ConfineRequest, LayeredConfiner, Unavailable, detect
 from proctor.confine.bwrap import tmpfs_dirs
+from proctor.confine.roots import around
 
 # Folders hiding which would hide the system itself: never hidden as a whole, whatever $HOME says.
 _SYSTEM = tuple(Path(p) for p in ("/", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/opt", "/var",
@@ -96,24 +97,10 @@ def expand(hide: Path, keep: Iterable[Path]) -> list[Path]:
     if hide in keeps:
         return []
     out: list[Path] = []
-
-    def walk(d: Path) -> None:
-        try:
-            entries = sorted(os.scandir(d), key=lambda e: e.name)
-        except OSError:
-            return
-        for e in entries:
-            p = Path(e.path)
-            if e.is_symlink() or p in keeps:
-                continue
-            if any(k.is_relative_to(p) for k in keeps):
-                walk(p)
-            else:
-                out.append(p)
-                if len(out) > MAX_HIDDEN:
-                    raise TooManyToHide(f"{hide} holds more than {MAX_HIDDEN} entries around {keeps[:3]}")
-
-    walk(hide)
+    for p in around(hide, keeps):
+        out.append(p)
+        if len(out) > MAX_HIDDEN:
+            raise TooManyToHide(f"{hide} holds more than {MAX_HIDDEN} entries around {keeps[:3]}")
     return out
 
 

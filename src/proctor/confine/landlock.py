@@ -18,6 +18,7 @@ from functools import cache
 from pathlib import Path
 
 from proctor.confine.request import ConfineRequest
+from proctor.confine.roots import around
 
 SYS_CREATE_RULESET = 444  # same number on every architecture (unified syscall table)
 CREATE_RULESET_VERSION = 1
@@ -77,24 +78,7 @@ def _read_rules(hidden: tuple[Path, ...]) -> list[tuple[int, Path]]:
     they resolve to."""
     if not hidden:
         return [(READ_ONLY, Path("/"))]
-    out: list[tuple[int, Path]] = [(READ_DIR, Path("/"))]
-
-    def walk(d: Path) -> None:
-        try:
-            entries = sorted(os.scandir(d), key=lambda e: e.name)
-        except OSError:
-            return
-        for entry in entries:
-            p = Path(entry.path)
-            if p in hidden or entry.is_symlink():
-                continue
-            if any(h.is_relative_to(p) for h in hidden):
-                walk(p)
-            else:
-                out.append((READ_ONLY, p))
-
-    walk(Path("/"))
-    return out
+    return [(READ_DIR, Path("/")), *((READ_ONLY, p) for p in around(Path("/"), hidden))]
 
 
 def helper_args(helper: Path, req: ConfineRequest, version: int, private: tuple[Path, ...] = (),

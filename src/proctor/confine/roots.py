@@ -11,7 +11,7 @@ its branch's ref directory, which let an agent rewrite master's blobs in place (
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from proctor.confine.request import ConfineRequest, Unavailable
@@ -45,6 +45,25 @@ def job_roots(
         network=network,
         hidden=((home or proctor_home()).resolve(),),
     )
+
+
+def around(root: Path, targets: Sequence[Path]) -> Iterator[Path]:
+    """Every entry below `root` that neither is one of `targets` nor holds one, descending only along the
+    way down to them, in name order: the siblings that, together, cover all of `root` but the targets.
+    Symlinks are skipped (a rule or a mount on one binds what it resolves to). Landlock's read rules
+    around hidden paths and a command's hidden home around what it needs are both this walk."""
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError:
+        return
+    for entry in entries:
+        p = Path(entry.path)
+        if p in targets or entry.is_symlink():
+            continue
+        if any(t.is_relative_to(p) for t in targets):
+            yield from around(p, targets)
+        else:
+            yield p
 
 
 def refuse_hard_links(worktree: Path) -> list[str]:

@@ -21,18 +21,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from proctor import confine
-
-from proctor.job import cgroup, environment, frozen, landing, validate, worktree
 from proctor.adapters.spec import AdapterSpec, Invocation, Refused, build
-from proctor.job.agent_version import VERSION_TIMEOUT_S, agent_version, executable, inside
-from proctor.job.attempts import run_attempts
 from proctor.breaker import Breaker, signal_for
 from proctor.config import Config, ConfigError, load_config
 from proctor.confine.egress import EgressProxy
 from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status
+from proctor.job import cgroup, environment, frozen, landing, validate, worktree
+from proctor.job.agent_version import VERSION_TIMEOUT_S, agent_version, executable, inside
+from proctor.job.attempts import run_attempts
+from proctor.job.cgroup import Limits
 from proctor.job.git import unredirected_env
-from proctor.ledger import Ledger
 from proctor.job.process import Limited, LocalRunner, ProcessRunner, Spawn
+from proctor.ledger import Ledger
 from proctor.progress import NullProgress, Progress
 from proctor.stop import StopSwitch
 
@@ -74,6 +74,7 @@ class _Job:
     ledger: Ledger
     stop: StopSwitch
     spec: AdapterSpec
+    limits: Limits  # config's [limits], resolved once: the agent, its validation and its probe get them
     # Two private dirs: the agent's TMPDIR (writable by it) and the host's own (never granted to it).
     agent_tmp: Path
     host_tmp: Path
@@ -145,8 +146,9 @@ def _admit_and_run(request, config, runner, progress, cancel, job_id, ledger, st
         return refused(request, [f"unknown agent {request.agent!r} (known: {known})"], Code.UNKNOWN_AGENT, start)
     breaker = Breaker(ledger, threshold=config.breaker.threshold, cooldown_s=config.breaker.cooldown_s,
                       backoff_s=config.breaker.backoff_s)
-    job = _Job(request, config, runner or LocalRunner(limits=config.limits.resolve()), progress or NullProgress(), cancel, job_id, start,
-               ledger, stop or StopSwitch(), spec, Path(tempfile.mkdtemp(prefix=f"proctor-{job_id}-")),
+    limits = config.limits.resolve()
+    job = _Job(request, config, runner or LocalRunner(limits=limits), progress or NullProgress(), cancel, job_id,
+               start, ledger, stop or StopSwitch(), spec, limits, Path(tempfile.mkdtemp(prefix=f"proctor-{job_id}-")),
                Path(tempfile.mkdtemp(prefix=f"proctor-host-{job_id}-")))
     try:
         return _run(job, breaker)
@@ -239,7 +241,7 @@ def _in_worktree(job: _Job, repo: worktree.Repo, base: worktree.Base, confiner: 
 
     # The job's limits (memory, pids, CPU weight; disk added to the worktree and the agent's TMPDIR). The
     # stop switch is read once more by the runner, as the last thing before each spawn.
-    limited = Limited(job.runner, job.config.limits.resolve(), (wt.path, job.agent_tmp))
+    limited = Limited(job.runner, job.limits, (wt.path, job.agent_tmp))
     try:
         out = run_attempts(spec=spec, argv=cplan.argv, stdin=inv.stdin, env=agent_env, cwd=wt.path,
                            runner=limited, progress=job.progress, poll=_poll(job), timeout_s=req.timeout_sec,

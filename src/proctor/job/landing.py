@@ -40,6 +40,10 @@ GITLINK = "160000"
 CONTROL_FILES = frozenset({".gitignore", ".gitattributes", ".gitmodules"})
 MAX_CONTROL_BYTES = 1024 * 1024
 BARE_REPO = frozenset({"HEAD", "objects", "refs"})  # what git's discovery takes for a git dir
+# A tree entry's mode -> the file type it must be on disk, and the permission bits a checkout gives it.
+KIND = {"040000": stat.S_IFDIR, "160000": stat.S_IFDIR, "120000": stat.S_IFLNK, "100644": stat.S_IFREG,
+        "100755": stat.S_IFREG}
+PERM = {"040000": 0o755, "100644": 0o644, "100755": 0o755}
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,6 @@ class Scan:
     nested: tuple[str, ...] = ()  # directories holding a `.git` of their own: left out
     oversized: tuple[tuple[str, int], ...] = ()
     unreadable: tuple[str, ...] = ()
-    entries: int = 0
 
     @property
     def left_out(self) -> tuple[str, ...]:
@@ -97,8 +100,7 @@ def scan(root: Path, *, max_file_bytes: int = MAX_FILE_BYTES, max_entries: int =
                     oversized.append((path, st.st_size))
             elif not stat.S_ISLNK(st.st_mode):
                 special.append(path)
-    return Scan(tuple(sorted(special)), tuple(sorted(nested)), tuple(sorted(oversized)), tuple(sorted(unreadable)),
-                entries)
+    return Scan(tuple(sorted(special)), tuple(sorted(nested)), tuple(sorted(oversized)), tuple(sorted(unreadable)))
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,6 @@ class Landing:
     commit: str
     tree: str
     base_sha: str
-    branch: str
     git_dir: Path  # the job's own git dir: its objects are the job's objects
     index: Path  # the tree, with the stat data of the hashing that made it (the host's own, trusted)
     changed: list[str] = field(default_factory=list)
@@ -169,7 +170,7 @@ def build(agent_dir: Path, git_dir: Path, wt: Worktree, private_dir: Path, found
     if isinstance(changed, Failure):
         return changed
     ignored = _ignored(git_dir, agent_dir, index, [p for p, _ in found.oversized])
-    return Landing(commit.text, tree.text, wt.base_sha, wt.branch, git_dir, index, changed, ignored)
+    return Landing(commit.text, tree.text, wt.base_sha, git_dir, index, changed, ignored)
 
 
 def changed_paths(git_dir: Path, old: str, new: str) -> list[str] | Failure:
@@ -223,18 +224,19 @@ def _prune(root: Path, entries: dict[str, str]) -> None:
             mode = entries.get(path)
             st = entry.stat(follow_symlinks=False)
             kind = stat.S_IFMT(st.st_mode)
-            want = {"040000": stat.S_IFDIR, "160000": stat.S_IFDIR, "120000": stat.S_IFLNK,
-                    "100644": stat.S_IFREG, "100755": stat.S_IFREG}.get(mode or "")
+            want = KIND.get(mode or "")
             if want is None or kind != want or (kind != stat.S_IFLNK and st.st_uid != uid) or (
                     kind == stat.S_IFREG and st.st_nlink != 1):
                 _remove(Path(entry.path))
                 continue
             if mode == "160000":
-                if any(os.scandir(entry.path)):  # a submodule's dir stays empty, as a checkout leaves it
+                with os.scandir(entry.path) as inside:
+                    occupied = any(inside)
+                if occupied:  # a submodule's dir stays empty, as a checkout leaves it
                     remove_tree(Path(entry.path))
                     os.mkdir(entry.path, 0o755)
                 continue
-            perm = {"040000": 0o755, "100644": 0o644, "100755": 0o755}.get(mode or "")
+            perm = PERM.get(mode or "")
             if perm is not None and stat.S_IMODE(st.st_mode) != perm:
                 os.chmod(entry.path, perm, follow_symlinks=False)
             if mode == "040000":
