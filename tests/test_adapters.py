@@ -57,7 +57,7 @@ def test_builtin_adapter_argv_cwd_stdin_and_output(repo, fake, name):
     assert res.summary == summary and res.claimed_status == claim
     assert res.agent_version == f"{name} 9.9.9"
     assert (Path(wt) / "touched.txt").read_text() == name
-    assert res.needs_human_review is False
+    assert res.known_risks == ["confinement is off by request: the agent and its validation ran unconfined"]
 
 
 def test_claude_is_error_beats_subtype_success(repo, fake):

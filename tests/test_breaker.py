@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from proctor.breaker import TRANSITION_KIND, Breaker, BreakerState, Signal, signal_for
+from proctor.breaker import TRANSITION_KIND, Breaker, BreakerState, Signal, evidence_for
 from proctor.contract import Code, Status
 from proctor.ledger import LEDGER_FILE, Ledger
 
@@ -176,16 +176,22 @@ def test_transitions_are_ledger_rows(breaker, ledger, clock):
     assert ledger.verify() == []
 
 
-@pytest.mark.parametrize("status,code,signal", [
-    (Status.completed, Code.OK, Signal.success),
-    (Status.failed, Code.VALIDATION_FAILED, Signal.success),
-    (Status.failed, Code.AGENT_FAILED, Signal.failure),
-    (Status.timed_out, Code.TIMED_OUT, Signal.failure),
-    (Status.rate_limited, Code.RATE_LIMITED, Signal.rate_limited),
-    (Status.failed, Code.STOPPED, Signal.neutral),
-    (Status.failed, Code.INVALID_REQUEST, Signal.neutral),
-    (Status.approval_required, Code.APPROVAL_REQUIRED, Signal.neutral),
-    (Status.failed, Code.CIRCUIT_OPEN, Signal.neutral),
+@pytest.mark.parametrize("status,code,backend,signal", [
+    (Status.completed, Code.OK, None, Signal.success),
+    (Status.failed, Code.VALIDATION_FAILED, None, Signal.success),
+    (Status.failed, Code.AGENT_FAILED, None, Signal.failure),
+    (Status.timed_out, Code.TIMED_OUT, None, Signal.failure),
+    # A rate limit read from the agent's text is a claim: it moves nothing shared.
+    (Status.rate_limited, Code.RATE_LIMITED, None, Signal.neutral),
+    (Status.rate_limited, Code.RATE_LIMITED, 429, Signal.rate_limited),
+    (Status.failed, Code.AGENT_FAILED, 529, Signal.failure),
+    (Status.failed, Code.AGENT_FAILED, 401, Signal.failure),
+    (Status.failed, Code.STOPPED, None, Signal.neutral),
+    (Status.failed, Code.RESOURCE_LIMIT, None, Signal.neutral),
+    (Status.failed, Code.INVALID_REQUEST, None, Signal.neutral),
+    (Status.approval_required, Code.APPROVAL_REQUIRED, None, Signal.neutral),
+    (Status.failed, Code.CIRCUIT_OPEN, None, Signal.neutral),
 ])
-def test_signal_for_run_agent_results(status, code, signal):
-    assert signal_for(status, code) is signal
+def test_evidence_for_run_agent_results(status, code, backend, signal):
+    found = evidence_for(status, code, backend, "result.api_error_status")
+    assert found.signal is signal and found.source

@@ -1,8 +1,10 @@
-"""The circuit breaker: per adapter, N consecutive backend failures open it for a cooldown.
+"""The circuit breaker: per credential pool (an adapter and the key it uses), N consecutive backend failures
+open it for a cooldown.
 
 Owns the breaker's state (a table in the ledger's file, changed in the same transaction as the ledger row
 that records each transition) and the rules of its three states. It never runs an agent and never decides
-what an outcome was: callers classify each run as a `Signal` and report it with `record`.
+what an outcome was: callers report each run's `Signal` with `record` (`evidence_for` turns a job's result
+into one, and says what it was read from).
 
     closed     every run is admitted. A failure adds one; `threshold` in a row opens it. A success resets
                the count. A rate limit only backs off: the count stays, runs wait until the backoff ends.
@@ -71,20 +73,40 @@ class Admission:
     retry_at: float | None = None
 
 
-def signal_for(status: Status, code: Code) -> Signal:
-    """How a run_agent job's result counts for its adapter's breaker.
+@dataclass(frozen=True)
+class Evidence:
+    """The signal one run gives its pool's breaker, and what the host read it from (said in the result)."""
 
-    Completed or failed validation: the backend answered. Rate limited: back off. An agent that failed or
-    hung: a failure. Anything proctor refused or cut short on its own (stop, cancel, invalid request,
-    approval prompt, confinement, an open breaker): neutral.
+    signal: Signal
+    source: str
+
+
+def evidence_for(status: Status, code: Code, backend_status: int | None = None, backend_source: str = "") -> Evidence:
+    """How a run_agent job's result counts for its pool's breaker. It reads what the host can trust — the exit
+    (through `status`/`code`), its own deadline, and an HTTP status in a field of the CLI's protocol
+    (`backend_status`) — never the text an agent printed: one agent's words must not back off or open the
+    pool for every other job on it.
+
+    HTTP 429: back off. HTTP 5xx: a failure. Completed or failed validation: the backend answered. An agent
+    that exited nonzero or hung: a failure, like any crash — unless its text read as a rate limit: that job
+    is `rate_limited` itself, but the text is the agent's claim and moves nothing shared (neutral). Anything
+    proctor refused or cut short on its own (stop, cancel, invalid request, approval prompt, confinement, an
+    open breaker, a resource limit): neutral.
     """
-    if status is Status.rate_limited:
-        return Signal.rate_limited
+    if backend_status == 429:
+        return Evidence(Signal.rate_limited, f"HTTP 429 in the CLI's {backend_source}")
+    if backend_status is not None and backend_status >= 500:
+        return Evidence(Signal.failure, f"HTTP {backend_status} in the CLI's {backend_source}")
     if status is Status.completed or code is Code.VALIDATION_FAILED:
-        return Signal.success
-    if code in (Code.AGENT_FAILED, Code.TIMED_OUT) or status is Status.timed_out:
-        return Signal.failure
-    return Signal.neutral
+        return Evidence(Signal.success, "the agent exited 0")
+    if status is Status.timed_out or code is Code.TIMED_OUT:
+        return Evidence(Signal.failure, "the agent ran to the job's deadline")
+    if code is Code.AGENT_FAILED:
+        return Evidence(Signal.failure, "the agent exited nonzero")
+    if status is Status.rate_limited:
+        return Evidence(Signal.neutral, "the agent exited nonzero and its text read as a rate limit: a claim, "
+                                        "which moves nothing shared (a status in the CLI's protocol would)")
+    return Evidence(Signal.neutral, f"{code.value}: shows nothing of the backend")
 
 
 class Breaker:
@@ -179,7 +201,8 @@ class Breaker:
                 st = _save(db, st, trial_at=None)
             return st, entries
 
-        return self._ledger.update(apply)[0]
+        # A job's outcome must reach the breaker even on a filling disk (a half-open trial held forever).
+        return self._ledger.update(apply, reserve=True)[0]
 
     def _transition(
         self, adapter: str, old: BreakerState, new: BreakerState, why: str, failures: object, job_id: str | None

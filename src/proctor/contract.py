@@ -52,6 +52,7 @@ class Code(StrEnum):
     HOST_ERROR = "HOST_ERROR"
     TAMPERED = "TAMPERED"  # the agent left something the host refuses to read (a FIFO, a device, ...)
     RESOURCE_LIMIT = "RESOURCE_LIMIT"  # killed at a per-job limit (memory, pids, disk); never retried
+    DISK_FULL = "DISK_FULL"  # the ledger's filesystem is full: the job was not run, or its record is incomplete
 
 
 def check_ref(ref: str) -> str:
@@ -166,6 +167,13 @@ class RunAgentResult(BaseModel):
     retry_after: str | None = None
     confinement: str | None = None
     confinement_details: dict[str, Any] | None = None
+    # The breaker's view of this run: the pool it is kept for, the signal the run gave it and what the host
+    # read that from (an exit, the deadline, an HTTP status in a field of the CLI's protocol; never prose).
+    breaker: dict[str, Any] | None = None
+    # Each validation command the host ran: label, exit_code, timed_out, duration_s, output_tail (64 KB),
+    # output_dropped; the whole output is in `validation_log` (a file under $PROCTOR_HOME).
+    validation: list[dict[str, Any]] = Field(default_factory=list)
+    validation_log: str | None = None
     # The job's commit (the tree `changed_files` lists, on `branch` in the job's own repo at worktreePath).
     commit: str | None = None
 

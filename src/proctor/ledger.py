@@ -166,8 +166,8 @@ class Ledger:
             self._migrate()
         except BaseException as exc:
             self.close()
-            if disk_full(exc):
-                raise LedgerFull(f"{self._space(exc)}") from exc
+            if isinstance(exc, (sqlite3.Error, OSError)) and self._full(exc):
+                raise LedgerFull(self._space(exc)) from exc
             raise
 
     @classmethod
@@ -193,6 +193,15 @@ class Ledger:
             return None
         return (f"the ledger's filesystem ({self._path.parent}) has {free} bytes free, under the "
                 f"{MIN_FREE_BYTES} a job needs for its ledger rows")
+
+    def _failure(self, exc: BaseException) -> LedgerError:
+        return LedgerFull(self._space(exc)) if self._full(exc) else LedgerError(f"the ledger write failed: {exc}")
+
+    def _full(self, exc: BaseException) -> bool:
+        # SQLite reports a full disk as SQLITE_FULL only where it sees ENOSPC itself; growing the WAL index
+        # (-shm) on a full filesystem is a bare "disk I/O error". Free space tells which it was.
+        free = free_bytes(self._path.parent)
+        return disk_full(exc) or (isinstance(exc, sqlite3.Error) and free is not None and free < MIN_FREE_BYTES)
 
     def _space(self, exc: BaseException) -> str:
         free = free_bytes(self._path.parent)
@@ -266,7 +275,7 @@ class Ledger:
             try:
                 db.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
-                raise (LedgerFull(self._space(exc)) if disk_full(exc) else exc) from exc
+                raise self._failure(exc) from exc
             staged: list[Path] = []
             head_before: tuple[int, str] | None = None
             old_head: Path | None = None
@@ -309,8 +318,8 @@ class Ledger:
                 _rollback(db)
                 for tmp in staged:
                     _unlink(tmp)
-                if isinstance(exc, (sqlite3.Error, OSError)) and disk_full(exc):
-                    raise LedgerFull(self._space(exc)) from exc
+                if isinstance(exc, (sqlite3.Error, OSError)):
+                    raise self._failure(exc) from exc
                 raise
             for tmp in staged:
                 _unlink(tmp)

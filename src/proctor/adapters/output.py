@@ -9,11 +9,21 @@ HTTP errors and says so only in prose.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 SUMMARY_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class Backend:
+    """What the CLI's own protocol said of its model API: an HTTP status in a field of an error event, never
+    read from prose. The only input that may move the breaker beyond an exit code."""
+
+    status: int
+    source: str  # the event and field it came from, e.g. "result.api_error_status"
 
 
 @dataclass(frozen=True)
@@ -24,6 +34,20 @@ class Reading:
     # The CLI's own error reports (error events, an is_error result), never the model's ordinary prose:
     # what classification may read besides stderr. For plain-text CLIs it is all of stdout.
     error_text: str = ""
+    backend: Backend | None = None
+
+
+def http_status(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    return value if isinstance(value, int) and 400 <= value <= 599 else None
+
+
+# Codex formats its own failure as "... last status: 429 ..." / "unexpected status 401 ...": a status the
+# CLI measured, in an event of the CLI's protocol (the server's body follows it, so only the first match).
+CODEX_STATUS_RE = re.compile(r"\b(?:last status:|unexpected status)\s*([45][0-9]{2})\b")
 
 
 def _json_lines(text: str) -> Iterator[dict[str, Any]]:
@@ -82,6 +106,7 @@ def read_text(stdout: str, stderr: str) -> Reading:
 
 def read_codex(stdout: str, stderr: str) -> Reading:
     message, claimed = "", None
+    backend: Backend | None = None
     errors: list[str] = []
     for ev in _json_lines(stdout):
         kind = ev.get("type")
@@ -94,19 +119,23 @@ def read_codex(stdout: str, stderr: str) -> Reading:
             claimed = "failed"
             err = ev.get("error")
             errors.append(str(err.get("message") if isinstance(err, dict) else err))
+            found = CODEX_STATUS_RE.search(errors[-1])
+            backend = Backend(int(found.group(1)), "turn.failed.error.message") if found else backend
         elif kind == "error":
             errors.append(str(ev.get("message", "")))
     if not message and errors:
         message = errors[-1]
         claimed = claimed or "failed"
-    return Reading(_clip(message or _last_lines(stderr)), claimed, error_text="\n".join(errors))
+    return Reading(_clip(message or _last_lines(stderr)), claimed, error_text="\n".join(errors), backend=backend)
 
 
 def _claude_result(obj: dict[str, Any]) -> Reading:
     is_error = obj.get("is_error")
     claimed = "failed" if is_error is True else ("completed" if is_error is False else None)
     text = str(obj.get("result", ""))
-    return Reading(_clip(text), claimed, error_text=text if is_error is True else "")
+    status = http_status(obj.get("api_error_status")) if is_error is True else None
+    backend = Backend(status, "result.api_error_status") if status else None
+    return Reading(_clip(text), claimed, error_text=text if is_error is True else "", backend=backend)
 
 
 def read_claude_json(stdout: str, stderr: str) -> Reading:
@@ -120,10 +149,14 @@ def read_claude_stream(stdout: str, stderr: str) -> Reading:
     result: Reading | None = None
     retry_after = None
     last_text = ""
+    retried: Backend | None = None  # the last `system/api_retry` status: what a run cut short was failing on
     for ev in _json_lines(stdout):
         kind = ev.get("type")
         if kind == "result":
             result = _claude_result(ev)
+        elif kind == "system" and ev.get("subtype") == "api_retry":
+            status = http_status(ev.get("error_status"))
+            retried = Backend(status, "system.api_retry.error_status") if status else retried
         elif kind == "rate_limit_event":
             info = ev.get("rate_limit_info") if isinstance(ev.get("rate_limit_info"), dict) else {}
             reset = info.get("resetsAt") or info.get("resets_at")
@@ -135,8 +168,9 @@ def read_claude_stream(stdout: str, stderr: str) -> Reading:
                 if isinstance(part, dict) and part.get("type") == "text":
                     last_text = str(part.get("text", ""))
     if result is None:
-        return Reading(_clip(last_text or _last_lines(stderr)), None, retry_after)
-    return Reading(result.summary, result.claimed_status, retry_after, result.error_text)
+        return Reading(_clip(last_text or _last_lines(stderr)), None, retry_after, backend=retried)
+    return Reading(result.summary, result.claimed_status, retry_after, result.error_text,
+                   result.backend or (retried if result.claimed_status == "failed" else None))
 
 
 def read_gemini(stdout: str, stderr: str) -> Reading:
@@ -147,7 +181,10 @@ def read_gemini(stdout: str, stderr: str) -> Reading:
     err = obj.get("error")
     if isinstance(err, dict):
         msg = str(err.get("message", ""))
-        return Reading(_clip(msg), "failed", error_text=f"{err.get('type', '')}: {msg}")
+        # `code` is the exit code for the CLI's own failures (41 auth) and the API's status for API errors.
+        status = http_status(err.get("code")) or http_status(err.get("status"))
+        backend = Backend(status, "error.code") if status else None
+        return Reading(_clip(msg), "failed", error_text=f"{err.get('type', '')}: {msg}", backend=backend)
     return Reading(_clip(str(obj.get("response", ""))), "completed" if "response" in obj else None)
 
 
@@ -155,6 +192,7 @@ def read_jsonl(stdout: str, stderr: str) -> Reading:
     """Generic JSON events (opencode and user CLIs): the last text-bearing field wins."""
     text, claimed = "", None
     errors: list[str] = []
+    backend: Backend | None = None
     for ev in _json_lines(stdout):
         for key in ("text", "result", "response", "message", "content"):
             val = ev.get(key)
@@ -166,7 +204,12 @@ def read_jsonl(stdout: str, stderr: str) -> Reading:
         if ev.get("type") == "error" or ev.get("error"):
             claimed = "failed"
             errors.append(json.dumps(ev.get("error") or ev.get("message") or ev)[:2000])
-    return Reading(_clip(text or _last_lines(stdout or stderr)), claimed, error_text="\n".join(errors))
+            err = ev.get("error") if isinstance(ev.get("error"), dict) else {}
+            data = err.get("data") if isinstance(err.get("data"), dict) else {}
+            status = http_status(data.get("statusCode"))  # opencode's APIError
+            backend = Backend(status, "error.data.statusCode") if status else backend
+    return Reading(_clip(text or _last_lines(stdout or stderr)), claimed, error_text="\n".join(errors),
+                   backend=backend)
 
 
 READERS: dict[str, Callable[[str, str], Reading]] = {

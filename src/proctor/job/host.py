@@ -21,8 +21,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from proctor import confine
-from proctor.adapters.spec import AdapterSpec, Invocation, Refused, build
-from proctor.breaker import Breaker, signal_for
+from proctor.adapters.output import Backend
+from proctor.adapters.spec import AdapterSpec, Invocation, Refused, build, pool_key
+from proctor.breaker import Breaker, evidence_for
 from proctor.config import Config, ConfigError, load_config
 from proctor.confine.egress import EgressProxy
 from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status
@@ -32,11 +33,18 @@ from proctor.job.attempts import run_attempts
 from proctor.job.cgroup import Limits
 from proctor.job.git import unredirected_env
 from proctor.job.process import Limited, LocalRunner, ProcessRunner, Spawn
-from proctor.ledger import Ledger
+from proctor.home import proctor_home
+from proctor.ledger import Ledger, LedgerError, LedgerFull
 from proctor.progress import NullProgress, Progress
 from proctor.stop import StopSwitch
 
 PYTEST_NO_TESTS = 5
+
+
+def validation_log(job_id: str) -> Path:
+    """Where a job's validation output is kept in full (what the runner kept: 1 MB a stream), host-owned:
+    under $PROCTOR_HOME, which no agent can read or write."""
+    return proctor_home() / "jobs" / job_id / "validation.log"
 
 
 def new_job_id() -> str:
@@ -86,6 +94,7 @@ class _Job:
     work: Path = Path()
     state_dirs: tuple[Path, ...] = ()  # the adapter's, resolved: writable by every job of that adapter
     egress: EgressProxy | None = None  # the host-run proxy to the adapter's declared hosts, while the agent runs
+    backend: Backend | None = None  # an HTTP status the CLI's protocol reported for the deciding run
 
 
 def run_agent(
@@ -110,22 +119,52 @@ def run_agent(
     own_ledger = ledger is None
     try:
         ledger = ledger or Ledger.default()
+    except LedgerFull as exc:
+        return refused(request, [f"{exc}; nothing was launched"], Code.DISK_FULL, start)
     except Exception as exc:  # noqa: BLE001 - an unusable ledger: refuse rather than run unrecorded
         return refused(request, [f"the ledger cannot be opened: {exc}"], Code.HOST_ERROR, start)
     job_id = job_id or new_job_id()
     try:
-        ledger.append("job.start", {"jobId": job_id, "agent": request.agent, "ticket": request.ticket,
-                                    "repo": request.repo, "mode": request.mode, "branch": request.branch},
-                      job_id=job_id)
-        result = _admit_and_run(request, config, runner, progress, cancel, job_id, ledger, stop, start)
+        result = _recorded(request, config, runner, progress, cancel, job_id, ledger, stop, start)
         result.job_id = job_id
-        ledger.append("job.end", {"jobId": job_id, "status": result.status.value, "code": result.code.value,
-                                  "needs_human_review": result.needs_human_review,
-                                  "worktreePath": result.worktree_path}, job_id=job_id)
         return result
     finally:
         if own_ledger:
             ledger.close()
+
+
+def _recorded(request, config, runner, progress, cancel, job_id, ledger, stop, start) -> RunAgentResult:
+    """The job between its `job.start` and `job.end` rows. A row that cannot be written ends the job with a
+    result all the same (DISK_FULL when the disk is full): the ledger keeps what it had, never half a row.
+    The end row may use the ledger's reserve, so a disk that filled up during the job still records it."""
+    space = ledger.space_problem()
+    if space:
+        return refused(request, [f"{space}; nothing was launched"], Code.DISK_FULL, start)
+    try:
+        ledger.append("job.start", {"jobId": job_id, "agent": request.agent, "ticket": request.ticket,
+                                    "repo": request.repo, "mode": request.mode, "branch": request.branch},
+                      job_id=job_id)
+    except LedgerError as exc:
+        return refused(request, [f"the job's start could not be recorded ({exc}); nothing was launched"],
+                       _ledger_code(exc), start)
+    try:
+        result = _admit_and_run(request, config, runner, progress, cancel, job_id, ledger, stop, start)
+    except LedgerError as exc:
+        result = refused(request, [f"a ledger row could not be written, so the job was ended: {exc}"],
+                         _ledger_code(exc), start)
+    result.job_id = job_id
+    try:
+        ledger.append("job.end", {"jobId": job_id, "status": result.status.value, "code": result.code.value,
+                                  "needs_human_review": result.needs_human_review,
+                                  "worktreePath": result.worktree_path}, job_id=job_id, reserve=True)
+    except LedgerError as exc:
+        result.status, result.code, result.needs_human_review = Status.failed, _ledger_code(exc), True
+        result.known_risks = [*result.known_risks, f"the job's end could not be recorded: {exc}"]
+    return result
+
+
+def _ledger_code(exc: LedgerError) -> Code:
+    return Code.DISK_FULL if isinstance(exc, LedgerFull) else Code.HOST_ERROR
 
 
 def _admit_and_run(request, config, runner, progress, cancel, job_id, ledger, stop, start) -> RunAgentResult:
@@ -191,9 +230,12 @@ def _run(job: _Job, breaker: Breaker) -> RunAgentResult:
     confiner = confine.choose(job.mode, confine.detect())
     if isinstance(confiner, confine.Unavailable):
         return refused(req, [confiner.reason], confiner.code, job.start)
-    admission = breaker.admit(req.agent, job_id=job.job_id)
+    pool = pool_key(spec, env)
+    admission = breaker.admit(pool, job_id=job.job_id)
     if not admission.allowed:
-        return refused(req, [admission.reason], admission.code, job.start)
+        out = refused(req, [admission.reason], admission.code, job.start)
+        out.breaker = {"pool": pool, "admitted": False, "retry_at": admission.retry_at}
+        return out
 
     result = RunAgentResult(status=Status.failed, agent=req.agent, job_id=job.job_id, base_ref=base.ref,
                             mode=req.mode, code=Code.HOST_ERROR)
@@ -201,7 +243,11 @@ def _run(job: _Job, breaker: Breaker) -> RunAgentResult:
         _in_worktree(job, repo, base, confiner, inv, env, result)
     finally:
         # Whatever happened after admission, the breaker hears of it (a half-open trial is never left held).
-        breaker.record(req.agent, signal_for(result.status, result.code), job_id=job.job_id)
+        seen = evidence_for(result.status, result.code, job.backend.status if job.backend else None,
+                            job.backend.source if job.backend else "")
+        after = breaker.record(pool, seen.signal, job_id=job.job_id)
+        result.breaker = {"pool": pool, "admitted": True, "signal": seen.signal.value, "source": seen.source,
+                          "state": after.state.value}
     result.known_risks = job.risks
     result.needs_human_review = not (
         result.status is Status.completed
@@ -225,6 +271,7 @@ def _in_worktree(job: _Job, repo: worktree.Repo, base: worktree.Base, confiner: 
         job.risks.append(wt.reason)
         return
     result.worktree_path, result.branch = str(wt.path), wt.branch
+    job.risks.extend(worktree.checkout_risks(repo, base))
     job.work = wt.path.with_name(f".{wt.path.name}.work")
     # Decided on the fresh checkout of the base, before the agent runs: the agent must not pick its own test.
     plan = validate.given(req.validate_command) if req.validate_command else validate.detect(wt.path)
@@ -254,6 +301,7 @@ def _in_worktree(job: _Job, repo: worktree.Repo, base: worktree.Base, confiner: 
         result.confinement_details["limit_gaps"] = list(limited.gaps)
         job.risks.extend(f"resource limit not enforced: {g}" for g in limited.gaps)
     result.status, result.code, result.attempts = out.status, out.code, out.attempts
+    job.backend = out.backend
     result.exit_codes, result.retry_after = out.exit_codes, out.retry_after
     result.summary = out.reading.summary or f"{req.agent} exited {out.exit_codes[-1]}"
     result.claimed_status = out.reading.claimed_status
@@ -387,9 +435,12 @@ def _confine(job: _Job, confiner: confine.Confiner, wt: worktree.Worktree, argv:
         roots = dataclasses.replace(roots, egress_socket=proxy.socket_path, egress=spec.egress)
     job.confiner = confiner
     plan = confiner.wrap(argv, roots)
-    if not isinstance(plan, confine.Unavailable) and plan.confinement == "none" and job.mode == "auto":
-        job.risks.append("no OS confinement on this machine: the agent ran unconfined "
-                         f"({'; '.join(plan.gaps) or 'neither bubblewrap nor Landlock'})")
+    if not isinstance(plan, confine.Unavailable) and plan.confinement == "none":
+        # Validation runs under the same confiner: it ran unconfined too, agent-written code with the host
+        # user's rights. Never a verdict a person may skip.
+        why = ("confinement is off by request" if job.mode == "off" else
+               f"no OS confinement on this machine ({'; '.join(plan.gaps) or 'neither bubblewrap nor Landlock'})")
+        job.risks.append(f"{why}: the agent and its validation ran unconfined")
     return plan
 
 
@@ -506,6 +557,9 @@ def _judge(job: _Job, run: validate.Run, result: RunAgentResult, suffix: str) ->
     """Record one validation run; True when it ended the job's chances (killed or failed)."""
     timeout = job.config.validate_timeout
     result.tests_attempted += [f"{a.line(timeout)}{suffix}" for a in run.attempts]
+    result.validation += [{**a.record(), "label": f"{a.label}{suffix}"} for a in run.attempts]
+    log = validation_log(job.job_id)
+    result.validation_log = str(log) if log.exists() else None
     if run.killed_reason:
         result.status = Status.failed
         reason = run.killed_reason
@@ -578,6 +632,9 @@ def _validation_run(job: _Job, wt: worktree.Worktree, landed: landing.Landing, p
                                       name=f"probe-{job.job_id}", poll=_poll(job), tail_bytes=64_000))
             return ex.exit_code, ex.stdout
 
-        job.risks.extend(environment.check(jenv, run_env, run_probe)[0])
-    return validate.run(confined, job.runner, cwd=job.work, env=run_env,
-                        timeout_s=job.config.validate_timeout, name=f"{name}-{job.job_id}", poll=_poll(job))
+        probe_risks, found = environment.check(jenv, run_env, run_probe)
+        job.risks.extend(probe_risks)
+        job.ledger.append("job.probe", {"jobId": job.job_id, "found": found, "risks": probe_risks},
+                          job_id=job.job_id)
+    return validate.run(confined, job.runner, cwd=job.work, env=run_env, timeout_s=job.config.validate_timeout,
+                        name=f"{name}-{job.job_id}", poll=_poll(job), log=validation_log(job.job_id))

@@ -17,6 +17,7 @@ from pathlib import Path
 from proctor.job.process import Poll, ProcessRunner, Spawn
 
 VALIDATE_TIMEOUT_S = 900
+OUTPUT_TAIL_BYTES = 64 * 1024
 NPM_PLACEHOLDER = 'echo "Error: no test specified" && exit 1'
 
 
@@ -37,6 +38,13 @@ class Attempt:
     label: str
     exit_code: int | None
     timed_out: bool
+    duration_s: float = 0.0
+    output: str = ""  # the last OUTPUT_TAIL_BYTES of stdout, then of stderr: a failure readable from the result
+    dropped: int = 0  # bytes of its output not in the log (past the runner's per-stream tail)
+
+    def record(self) -> dict[str, object]:
+        return {"label": self.label, "exit_code": self.exit_code, "timed_out": self.timed_out,
+                "duration_s": round(self.duration_s, 3), "output_tail": self.output, "output_dropped": self.dropped}
 
     @property
     def passed(self) -> bool:
@@ -125,8 +133,10 @@ def run(
     timeout_s: float = VALIDATE_TIMEOUT_S,
     name: str = "validate",
     poll: Poll | None = None,
+    log: Path | None = None,
 ) -> Run:
-    """Run each step in order under one shared deadline; stop at the first failure."""
+    """Run each step in order under one shared deadline; stop at the first failure. Each step's output is
+    appended to `log` (what the runner kept of it: its per-stream tail) and its tail kept in the attempt."""
     attempts: list[Attempt] = []
     budget = timeout_s
     for i, step in enumerate(plan.steps):
@@ -135,9 +145,35 @@ def run(
             break
         ex = runner.run(Spawn(argv=step.argv, cwd=cwd, env=env, deadline_s=budget, name=f"{name}-{i}", poll=poll))
         budget -= ex.duration_s
-        attempts.append(Attempt(step.label, ex.exit_code, ex.timed_out))
+        attempts.append(Attempt(step.label, ex.exit_code, ex.timed_out, ex.duration_s, _tail(ex.stdout, ex.stderr),
+                                ex.stdout_dropped + ex.stderr_dropped))
+        if log is not None:
+            _append_log(log, name, attempts[-1], ex.stdout, ex.stderr)
         if ex.killed_reason:
             return Run(attempts, ex.killed_reason)
         if not attempts[-1].passed:
             break
     return Run(attempts)
+
+
+def _tail(stdout: bytes, stderr: bytes) -> str:
+    """At most OUTPUT_TAIL_BYTES of UTF-8: stdout's end, then stderr's (up to half when there is stdout)."""
+    err = stderr[-(OUTPUT_TAIL_BYTES // 2 if stdout else OUTPUT_TAIL_BYTES):]
+    text = stdout.decode("utf-8", "replace")[-OUTPUT_TAIL_BYTES:] if stdout else ""
+    if err:
+        text += ("\n" if text and not text.endswith("\n") else "") + "[stderr]\n" + err.decode("utf-8", "replace")
+    data = text.encode("utf-8")
+    return data[-OUTPUT_TAIL_BYTES:].decode("utf-8", "ignore") if len(data) > OUTPUT_TAIL_BYTES else text
+
+
+def _append_log(log: Path, name: str, attempt: Attempt, stdout: bytes, stderr: bytes) -> None:
+    """One section a step; a log that cannot be written costs the log, never the verdict (the tail is kept)."""
+    head = (f"=== {name}: {attempt.label} => exit {attempt.exit_code}"
+            f"{' (timed out)' if attempt.timed_out else ''}, {attempt.duration_s:.2f} s"
+            f"{f', {attempt.dropped} bytes before the kept tail not logged' if attempt.dropped else ''} ===\n")
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with open(log, "ab") as f:
+            f.write(head.encode() + b"--- stdout ---\n" + stdout + b"\n--- stderr ---\n" + stderr + b"\n")
+    except OSError:
+        pass

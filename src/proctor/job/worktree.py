@@ -95,6 +95,34 @@ def resolve_base(repo: Repo, ref: str) -> Base | Failure:
     return Base(ref, res.text)
 
 
+def checkout_risks(repo: Repo, base: Base, most: int = 5) -> list[str]:
+    """What a reviewer of a job on `base` needs to know of the main checkout, read before the agent runs:
+    uncommitted changes (the job never sees them) and a base behind the branch the checkout is on."""
+    risks: list[str] = []
+    st = git(["status", "--porcelain=v1", "-z", "--untracked-files=normal", "--ignore-submodules=dirty"],
+             cwd=repo.path)
+    if st.ok:
+        names: list[str] = []
+        entries = iter(st.out.decode("utf-8", "replace").split("\0"))
+        for e in entries:
+            if len(e) > 3:
+                names.append(e[3:])
+                if "R" in e[:2] or "C" in e[:2]:
+                    next(entries, None)  # a rename's source path follows as an entry of its own
+        if names:
+            more = f" and {len(names) - most} more" if len(names) > most else ""
+            risks.append(f"the main checkout has {len(names)} uncommitted change(s) the job did not include: "
+                         f"{', '.join(names[:most])}{more}")
+    head = git(["symbolic-ref", "--quiet", "--short", "HEAD"], cwd=repo.path)
+    branch = head.text if head.ok else ""
+    if branch and branch != base.ref:
+        ahead = git(["rev-list", "--count", f"{base.sha}..HEAD"], cwd=repo.path)
+        if ahead.ok and ahead.text.isdigit() and int(ahead.text) > 0:
+            risks.append(f"the base {base.ref} is {ahead.text} commit(s) behind {branch}, the branch the main "
+                         "checkout is on (pass --branch to work on it)")
+    return risks
+
+
 def init_git_dir(work_tree: Path, repo: Repo, branch: str, alternates: tuple[Path, ...] = ()) -> Failure | None:
     """`work_tree/.git`, written whole by the host (git's documented layout, no `git init`: one process
     less a job, and no template, so no hooks): git's default config only, HEAD on `branch`, objects
