@@ -100,6 +100,8 @@ class Config(BaseModel):
     repos: dict[str, dict[str, Any]] = Field(default_factory=dict)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     source: str | None = None
+    # Per built-in adapter the user's config overlays: the keys it set (`env` keys as "env.NAME").
+    overlays: dict[str, tuple[str, ...]] = Field(default_factory=dict)
 
     @field_validator("repos")
     @classmethod
@@ -142,9 +144,37 @@ def _read_toml(text: str, origin: str) -> dict[str, Any]:
         raise ConfigError(f"{origin}: not valid TOML: {exc}") from None
 
 
-def builtin_agents() -> dict[str, AdapterSpec]:
+def _builtin_tables() -> dict[str, Any]:
     text = resources.files("proctor.adapters").joinpath("builtin.toml").read_text(encoding="utf-8")
-    return _parse_agents(_read_toml(text, "builtin.toml").get("agents"), "builtin.toml")
+    return _read_toml(text, "builtin.toml").get("agents") or {}
+
+
+def builtin_agents() -> dict[str, AdapterSpec]:
+    return _parse_agents(_builtin_tables(), "builtin.toml")
+
+
+def _overlay(builtins: dict[str, Any], user: Any, origin: str) -> tuple[dict[str, Any], dict[str, tuple[str, ...]]]:
+    """A user table named like a built-in overlays it key by key (its `env` too, variable by variable): a
+    user adds a base URL or a model without copying the command. Other names are new adapters, whole."""
+    if user is None:
+        return {}, {}
+    if not isinstance(user, dict):
+        raise ConfigError(f"{origin}: [agents] must be a table")
+    tables: dict[str, Any] = {}
+    overlays: dict[str, tuple[str, ...]] = {}
+    for name, table in user.items():
+        base = builtins.get(name)
+        if not isinstance(table, dict) or not isinstance(base, dict):
+            tables[name] = table
+            continue
+        env = table.get("env")
+        merged = {**base, **table}
+        if isinstance(env, dict) and isinstance(base.get("env"), dict):
+            merged["env"] = {**base["env"], **env}
+        tables[name] = merged
+        overlays[name] = tuple(sorted(
+            [k for k in table if k != "env"] + [f"env.{k}" for k in (env if isinstance(env, dict) else {})]))
+    return tables, overlays
 
 
 def config_path(explicit: str | Path | None = None) -> Path | None:
@@ -159,17 +189,23 @@ def config_path(explicit: str | Path | None = None) -> Path | None:
 
 def load_config(explicit: str | Path | None = None) -> Config:
     path = config_path(explicit)
-    agents = builtin_agents()
+    builtins = _builtin_tables()
+    agents = _parse_agents(builtins, "builtin.toml")
     data: dict[str, Any] = {}
+    overlays: dict[str, tuple[str, ...]] = {}
     if path is not None:
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"config {path}: cannot be read: {exc.strerror or exc}") from None
         data = _read_toml(text, str(path))
-        agents.update(_parse_agents(data.pop("agents", None), str(path)))
+        if "overlays" in data:
+            raise ConfigError(f"config {path}: overlays: not a config key")
+        tables, overlays = _overlay(builtins, data.pop("agents", None), str(path))
+        agents.update(_parse_agents(tables, str(path)))
     try:
-        return Config.model_validate({**data, "agents": agents, "source": str(path) if path else None})
+        return Config.model_validate({**data, "agents": agents, "overlays": overlays,
+                                      "source": str(path) if path else None})
     except ValidationError as exc:
         first = exc.errors()[0]
         raise ConfigError(f"config {path}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None

@@ -26,7 +26,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from proctor.api.guard import HttpLimits, RequestGuard, allowed_names
-
 from proctor.queue import sender
 from proctor.queue.backend import QueueBackend, check_name, valid_job_id
 from proctor.queue.envelope import EnvelopeError, Sealed, unseal, verify

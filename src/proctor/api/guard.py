@@ -5,8 +5,9 @@ Owns refusals made before any route runs, each a JSON body `{"code", "detail"}` 
 `MISDIRECTED_HOST` 421 (a Host header that is not one of the bound names: DNS rebinding), `FOREIGN_ORIGIN` 403
 (a browser page of another origin; no CORS is ever granted), `BODY_TOO_LARGE` 413 (on Content-Length before
 a byte is read, and while a chunked body streams), `REQUEST_TIMEOUT` 408 (headers or body not complete in
-time), `TOO_MANY_CONNECTIONS` 503 (at accept), `BAD_HTTP` 400 (what h11 cannot parse, oversized headers
-included). It never looks at an envelope: the route and the queue code do, on a body already bounded here.
+time; a kept-alive connection idle that long is just closed), `TOO_MANY_CONNECTIONS` 503 (at accept),
+`BAD_HTTP` 400 (what h11 cannot parse, a request line and headers over `max_header_bytes` included). It
+never looks at an envelope: the route and the queue code do, on a body already bounded here.
 """
 
 from __future__ import annotations
@@ -111,10 +112,11 @@ def host_allowed(value: str, names: frozenset[str], server_port: int | None, def
     return name in names and (port if port is not None else default_port) == server_port
 
 
-def origin_allowed(value: str, names: frozenset[str], server_port: int | None) -> bool:
+def origin_allowed(value: str, names: frozenset[str], server_port: int | None, server_scheme: str = "http") -> bool:
+    """Same origin only: the scheme the request came in on, an allowed name, the port it came in on."""
     scheme, sep, rest = value.strip().lower().partition("://")
-    if not sep or scheme not in ("http", "https") or "/" in rest:
-        return False  # "null" (a sandboxed page, a file://) and anything odd are foreign
+    if not sep or scheme not in ("http", "https") or scheme != server_scheme or "/" in rest:
+        return False  # "null" (a sandboxed page, a file://), another scheme and anything odd are foreign
     return host_allowed(rest, names, server_port, 443 if scheme == "https" else 80)
 
 
@@ -146,7 +148,8 @@ class RequestGuard:
                          f"{', '.join(sorted(self.names))} on port {port}")
             return
         for name, value in headers:
-            if name == b"origin" and not origin_allowed(value.decode("latin-1"), self.names, port):
+            if name == b"origin" and not origin_allowed(value.decode("latin-1"), self.names, port,
+                                                        scope.get("scheme", "http")):
                 await refuse(send, 403, "FOREIGN_ORIGIN",
                              f"requests from origin {value.decode('latin-1')[:100]!r} are refused (no CORS)")
                 return
@@ -208,11 +211,17 @@ async def refuse(send: Send, status: int, code: str, detail: str) -> None:
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol plus what it lacks: a deadline for the request line and headers (uvicorn's
     keep-alive timer is cancelled by the first byte, so a half-sent request would hold its connection
-    forever), a cap on open connections checked at accept, and JSON bodies for its own refusals."""
+    forever), a cap on open connections checked at accept, a head size limit that holds even when the whole
+    head arrives in one read (h11 checks only a head still incomplete), and JSON bodies for its own refusals.
+
+    A connection that has had an answer and sent nothing since is closed without a word when the header
+    deadline passes (as a keep-alive timeout would): an unsolicited 408 there could be read by the client as
+    the answer to the request it was about to send on that connection."""
 
     limits: HttpLimits = HttpLimits()
     cap: int = HttpLimits().max_connections
     _header_timer: asyncio.TimerHandle | None = None
+    _answered = False  # a response on this connection is complete
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -224,11 +233,26 @@ class GuardedH11Protocol(H11Protocol):
         self._arm_header_timer()
 
     def data_received(self, data: bytes) -> None:
+        if self.conn.their_state is h11.IDLE and self._head_too_large(data):
+            self._cancel_header_timer()
+            self._refuse_bad_http(f"the request line and headers are over the limit of "
+                                  f"{self.limits.max_header_bytes} bytes")
+            return
         super().data_received(data)
         if self._header_timer is not None and self.conn.their_state is not h11.IDLE:
             self._cancel_header_timer()  # the request's head is in: its body has the app's own deadline
 
+    def _head_too_large(self, data: bytes) -> bool:
+        """Whether the request head being received (what h11 holds unparsed, plus `data`) is over the limit."""
+        limit = self.limits.max_header_bytes
+        pending = self.conn.trailing_data[0]
+        if len(pending) + len(data) <= limit:
+            return False
+        end = (pending + data).find(b"\r\n\r\n", 0, limit + 1)
+        return end < 0 or end + 4 > limit
+
     def on_response_complete(self) -> None:
+        self._answered = True
         super().on_response_complete()
         if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
             self._arm_header_timer()
@@ -238,16 +262,12 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def send_400_response(self, msg: str) -> None:
-        body = error_body("BAD_HTTP", f"{msg} (request line and headers are limited to "
-                                      f"{self.limits.max_header_bytes} bytes)")
-        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
-        try:
-            self.transport.write(self.conn.send(h11.Response(status_code=400, headers=headers, reason=b"Bad Request")))
-            self.transport.write(self.conn.send(h11.Data(data=body)))
-            self.transport.write(self.conn.send(h11.EndOfMessage()))
-        except h11.LocalProtocolError:
-            pass
-        self.transport.close()
+        self._refuse_bad_http(f"{msg} (request line and headers are limited to {self.limits.max_header_bytes} bytes)")
+
+    def _refuse_bad_http(self, detail: str) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(raw_response(400, "Bad Request", "BAD_HTTP", detail))
+            self.transport.close()
 
     def _arm_header_timer(self) -> None:
         self._cancel_header_timer()
@@ -261,6 +281,9 @@ class GuardedH11Protocol(H11Protocol):
     def _header_timeout(self) -> None:
         self._header_timer = None
         if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return
+        if self._answered and not self.conn.trailing_data[0]:
+            self.transport.close()  # an idle kept-alive connection: closed, not answered (see the class doc)
             return
         self.transport.write(raw_response(408, "Request Timeout", "REQUEST_TIMEOUT",
                                           f"the request headers did not arrive within "

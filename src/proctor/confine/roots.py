@@ -33,7 +33,8 @@ def job_roots(
     state = tuple(Path(d).resolve() for d in state_dirs)
     try:
         for d in (tmpdir, *state):
-            d.mkdir(parents=True, exist_ok=True)
+            if not d.is_file():  # a state file is granted as it is
+                d.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         return Unavailable(f"cannot prepare the job's roots: {exc}")
     return ConfineRequest(

@@ -36,6 +36,7 @@ from proctor.job.process import Limited, LocalRunner, ProcessRunner, Spawn
 from proctor.home import proctor_home
 from proctor.ledger import Ledger, LedgerError, LedgerFull
 from proctor.progress import NullProgress, Progress
+from proctor.review import record
 from proctor.stop import StopSwitch
 
 PYTEST_NO_TESTS = 5
@@ -147,6 +148,7 @@ def _recorded(request, config, runner, progress, cancel, job_id, ledger, stop, s
     except LedgerError as exc:
         return refused(request, [f"the job's start could not be recorded ({exc}); nothing was launched"],
                        _ledger_code(exc), start)
+    record.started(job_id)  # host.json: who runs the job, so review tells running from abandoned
     try:
         result = _admit_and_run(request, config, runner, progress, cancel, job_id, ledger, stop, start)
     except LedgerError as exc:
@@ -160,6 +162,7 @@ def _recorded(request, config, runner, progress, cancel, job_id, ledger, stop, s
     except LedgerError as exc:
         result.status, result.code, result.needs_human_review = Status.failed, _ledger_code(exc), True
         result.known_risks = [*result.known_risks, f"the job's end could not be recorded: {exc}"]
+    record.ended(request, result)  # result.json + request.json, for `proctor show` and `proctor land`
     return result
 
 
@@ -199,8 +202,11 @@ def _admit_and_run(request, config, runner, progress, cancel, job_id, ledger, st
 
 
 def _agent_env(job: _Job, wt_path: Path) -> dict[str, str]:
-    return {**unredirected_env(), **job.spec.env, "PROCTOR_JOB_ID": job.job_id, "PROCTOR_WORKTREE": str(wt_path),
-            "TMPDIR": str(job.agent_tmp)}
+    env = {**unredirected_env(), **job.spec.env, "PROCTOR_JOB_ID": job.job_id, "PROCTOR_WORKTREE": str(wt_path),
+           "TMPDIR": str(job.agent_tmp)}
+    # An adapter's `env` value "~/x" is under the agent's HOME, as its state_dirs are (CLAUDE_CONFIG_DIR).
+    home = env.get("HOME") or str(Path.home())
+    return {k: (home + v[1:] if k in job.spec.env and (v == "~" or v.startswith("~/")) else v) for k, v in env.items()}
 
 
 def _run(job: _Job, breaker: Breaker) -> RunAgentResult:
@@ -416,9 +422,18 @@ def _confine(job: _Job, confiner: confine.Confiner, wt: worktree.Worktree, argv:
     home = env.get("HOME") or str(Path.home())
     for raw in spec.state_dirs:
         d = Path(home + raw[1:]) if raw == "~" or raw.startswith("~/") else Path(raw)
+        if d.is_file():
+            # A state file (a CLI's config) is granted itself: written in place it works; replaced by a
+            # rename it cannot be (its directory is not the agent's), so built-ins keep their state in dirs.
+            state_dirs.append(d)
+            continue
         if d.exists() and not d.is_dir():
-            return confine.Unavailable(f"state_dirs entry {raw!r} of agent {spec.name!r} is not a directory")
-        d.mkdir(parents=True, exist_ok=True)
+            return confine.Unavailable(f"state_dirs entry {raw!r} of agent {spec.name!r} is neither a "
+                                       "directory nor a regular file")
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return confine.Unavailable(f"state_dirs entry {raw!r} of agent {spec.name!r} cannot be made: {exc}")
         state_dirs.append(d)
     job.state_dirs = tuple(state_dirs)
     roots = confine.job_roots(wt.path, job.agent_tmp, state_dirs, readonly=_main_repo(wt), network=spec.network)

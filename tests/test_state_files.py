@@ -1,0 +1,73 @@
+"""An adapter's state may be a file as well as a directory (a user of Claude Code has `~/.claude.json`): a
+confined job gets that file writable in place and nothing else beside it; the built-in claude keeps its
+config inside `~/.claude` (CLAUDE_CONFIG_DIR), so a save by rename works under confinement. Real bwrap /
+Landlock; under CI=true a machine without either fails instead of skipping."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from proctor.config import load_config
+from proctor.confine import detect
+from proctor.contract import RunAgentRequest, Status
+from proctor.job.host import run_agent
+
+CAPS = detect()
+if CAPS.bwrap is None and not CAPS.landlock and os.environ.get("CI") == "true":
+    pytest.fail("CI must have bwrap or Landlock for the state-file tests", pytrace=False)
+pytestmark = pytest.mark.skipif(CAPS.bwrap is None and not CAPS.landlock, reason="no OS confinement here")
+
+
+def job(repo: Path, tmp_path: Path, adapter: str) -> object:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('confine = "required"\n' + adapter)
+    req = RunAgentRequest(agent="st", task="t", repo=str(repo), ticket="T", validateCommand="true")
+    return run_agent(req, config=load_config(cfg))
+
+
+def test_a_state_file_is_writable_in_place_and_its_neighbours_are_not(repo, tmp_path):
+    home = Path(os.environ["HOME"])
+    (home / ".st.json").write_text('{"n": 1}')
+    (home / "neighbour").write_text("keep")
+    script = ('echo \'{"n": 2}\' > "$HOME/.st.json"; echo changed > "$HOME/neighbour" 2>/dev/null; '
+              'echo new > "$HOME/.st.json.tmp" 2>/dev/null; echo x > a.txt')
+    res = job(repo, tmp_path, '[agents.st]\ncommand = ["sh", "-c", ' + json.dumps(script) + ']\nprompt = "stdin"\n'
+              'network = false\nstate_dirs = ["~/.st.json"]\n')
+    assert res.status is Status.completed, res
+    assert json.loads((home / ".st.json").read_text()) == {"n": 2}  # the state file: written
+    assert (home / "neighbour").read_text() == "keep"  # beside it: not
+    assert not (home / ".st.json.tmp").exists()
+
+
+def test_control_without_the_grant_the_same_write_is_refused(repo, tmp_path):
+    home = Path(os.environ["HOME"])
+    (home / ".st.json").write_text('{"n": 1}')
+    script = 'echo \'{"n": 2}\' > "$HOME/.st.json" 2>/dev/null; echo x > a.txt'
+    res = job(repo, tmp_path, '[agents.st]\ncommand = ["sh", "-c", ' + json.dumps(script) + ']\nprompt = "stdin"\n'
+              'network = false\n')
+    assert res.status is Status.completed and json.loads((home / ".st.json").read_text()) == {"n": 1}
+
+
+def test_builtin_claude_saves_its_config_by_rename_inside_its_state_dir(repo, tmp_path, fake_bin):
+    """A stand-in `claude` that saves the way Claude Code 2.1 does (measured with strace: write
+    `$CLAUDE_CONFIG_DIR/.claude.json.tmp.PID.x`, rename over `.claude.json`), with the user's own
+    `~/.claude.json` present: the job runs (it was CONFINEMENT_UNAVAILABLE), the save lands in ~/.claude."""
+    home = Path(os.environ["HOME"])
+    (home / ".claude.json").write_text('{"user": "theirs"}')
+    claude = fake_bin / "claude"
+    claude.write_text('#!/bin/sh\nd="${CLAUDE_CONFIG_DIR:-$HOME}"\n'
+                      'echo \'{"saved": true}\' > "$d/.claude.json.tmp.$$" && mv "$d/.claude.json.tmp.$$" "$d/.claude.json"'
+                      ' || exit 3\necho x > a.txt\n'
+                      'echo \'{"type":"result","is_error":false,"result":"done"}\'\n')
+    claude.chmod(0o755)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('confine = "required"\n')
+    req = RunAgentRequest(agent="claude", task="t", repo=str(repo), ticket="T", validateCommand="true")
+    res = run_agent(req, config=load_config(cfg))
+    assert res.status is Status.completed and res.summary == "done", res
+    assert json.loads((home / ".claude" / ".claude.json").read_text()) == {"saved": True}
+    assert json.loads((home / ".claude.json").read_text()) == {"user": "theirs"}  # the user's own, untouched
