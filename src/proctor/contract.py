@@ -52,6 +52,7 @@ class Code(StrEnum):
     HOST_ERROR = "HOST_ERROR"
     TAMPERED = "TAMPERED"  # the agent left something the host refuses to read (a FIFO, a device, ...)
     RESOURCE_LIMIT = "RESOURCE_LIMIT"  # killed at a per-job limit (memory, pids, disk); never retried
+    AGENT_MISCONFIGURED = "AGENT_MISCONFIGURED"  # the CLI cannot run as configured (login, key, auth type)
     DISK_FULL = "DISK_FULL"  # the ledger's filesystem is full: the job was not run, or its record is incomplete
 
 

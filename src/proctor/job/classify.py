@@ -48,6 +48,20 @@ APPROVAL_PATTERNS: tuple[str, ...] = (
     r"not allowed to run",
 )
 
+# The CLI cannot work as configured (no login, a bad key, an auth type it rejects): the same run fails the
+# same way again, so it is never retried and the CLI's own line is the summary. Measured texts
+# (research/clis.md): claude, gemini (also its exit 41), grok, codex's 401.
+MISCONFIGURED_PATTERNS: tuple[str, ...] = (
+    r"not logged in[^\n]{0,40}/login",
+    r"invalid auth method selected",
+    r"please set an auth method",
+    r"api key required",
+    r"incorrect api key provided",
+    r"failed to authenticate",
+    r"unexpected status 401",
+    r"invalid x-api-key",
+)
+
 # Texts that look like a limit but are not: no network means no request was ever rate limited.
 NOT_RATE_LIMIT: tuple[str, ...] = (
     r"waiting for network",
@@ -104,3 +118,23 @@ def _only_network(text: str, m: re.Match[str]) -> bool:
     end = text.find("\n", m.end())
     line = text[start : end if end >= 0 else len(text)]
     return any(p.search(line) for p in _NOT_RATE)
+
+
+_MISCONFIGURED = tuple(re.compile(p, re.I) for p in MISCONFIGURED_PATTERNS)
+
+
+def misconfigured(exit_code: int | None, text: str, exit_codes: Iterable[int] = ()) -> str | None:
+    """The CLI's own line saying it cannot run as configured, on a nonzero exit only; an adapter's declared
+    exit codes (gemini's 41 auth, 52 config) count too. None: not that."""
+    if exit_code is None or exit_code == 0:
+        return None
+    for p in _MISCONFIGURED:
+        m = p.search(text)
+        if m:
+            start = text.rfind("\n", 0, m.start()) + 1
+            end = text.find("\n", m.end())
+            return text[start: end if end >= 0 else len(text)].strip()[:500]
+    if exit_code in set(exit_codes):
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        return (lines[-1][:500] if lines else "") or f"exit {exit_code}, which the adapter declares a misconfiguration"
+    return None

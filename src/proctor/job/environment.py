@@ -66,11 +66,11 @@ NOT_MODULES = frozenset({"setup", "conftest", "noxfile", "fabfile", "tasks", "ma
 class RepoSettings:
     """The per-repo keys (config.toml `[repos."<path>"]`, `.proctor.toml` at the base)."""
 
-    setup: tuple[str, ...] = ()  # shell commands run in the job's checkout, confined, network off
+    setup: tuple[str, ...] = ()  # shell commands run before the agent and before validation, confined
     copy: tuple[str, ...] = ()  # untracked files of the main checkout copied in (`.env`)
     share: tuple[str, ...] | None = None  # ignored dependency dirs exposed read-only; None: autodetect
     validate: str | None = None  # the repo's test command, over autodetect (not over --validate-cmd)
-    registries: tuple[str, ...] = ()  # egress hosts for `setup` (recorded; see the README's gap)
+    registries: tuple[str, ...] = ()  # the only network `setup` reaches (host[:port], through a proxy)
     source: str = ""  # where the keys came from, for risks
 
 
@@ -95,6 +95,7 @@ class JobEnvironment:
     python_packages: tuple[str, ...] = ()
     node_package: str | None = None
     setup: tuple[str, ...] = ()
+    python: str | None = None  # the autodetected plan's interpreter (`python`/`python3`): the probe runs it too
 
     @property
     def ro_binds(self) -> tuple[tuple[Path, Path], ...]:
@@ -147,6 +148,7 @@ def _strs(raw: object, key: str, origin: str) -> tuple[str, ...]:
 
 
 KEYS = ("setup", "copy", "share", "validate", "registries")
+SETUP_LABEL = "setup: "  # how a validation plan's setup steps are told from its tests (they get the registries)
 
 
 def parse_settings(table: Mapping, origin: str) -> RepoSettings:
@@ -273,14 +275,16 @@ def _same(a: Path, b: Path, name: str) -> bool | None:
 
 
 def _unchanged(checkout: Path, main: Path, names: Sequence[str]) -> tuple[bool, list[str]]:
-    """Every named lockfile identical (or absent) on both sides, and at least one present."""
+    """Every named lockfile the validated tree has is byte-identical in the main checkout, and the tree has
+    at least one. One only the main checkout has is not a difference: `npm install` in a repo that commits
+    no lockfile writes an untracked `package-lock.json`, from the same manifest (`package.json`, itself in
+    the list and compared)."""
     present, differ = [], []
     for n in names:
-        s = _same(checkout, main, n)
-        if s is None:
+        if not os.path.lexists(checkout / n):
             continue
         present.append(n)
-        if not s:
+        if not _same(checkout, main, n):
             differ.append(n)
     return bool(present) and not differ, differ
 
@@ -386,7 +390,9 @@ def prepare(checkout: Path, main_checkout: Path, plan: validate.Plan, base_confi
         copies.append((src, dst))
     return JobEnvironment(checkout=checkout, main_checkout=main, env=extra, shares=tuple(shares), bind=bind,
                           copies=tuple(copies), dirs=tuple(dirs), readonly=tuple(readonly), risks=tuple(risks),
-                          python_packages=pkgs, node_package=npkg, setup=cfg.setup)
+                          python_packages=pkgs, node_package=npkg, setup=cfg.setup,
+                          python=next((st.argv[0] for st in plan.steps if st.argv
+                                       and Path(st.argv[0]).name.startswith("python")), None))
 
 
 def plan_for(plan: validate.Plan, cfg: RepoSettings | None, *, given: bool) -> validate.Plan:
@@ -399,7 +405,7 @@ def plan_for(plan: validate.Plan, cfg: RepoSettings | None, *, given: bool) -> v
         steps = list(validate.given(cfg.validate).steps)
     if not steps:
         return plan
-    setup = [validate.Step(f"setup: {c}", ("/bin/sh", "-c", c)) for c in cfg.setup]
+    setup = [validate.Step(f"{SETUP_LABEL}{c}", ("/bin/sh", "-c", c)) for c in cfg.setup]
     return validate.Plan(tuple(setup + steps))
 
 
@@ -445,9 +451,10 @@ print("PROCTOR-PROBE " + json.dumps(out))
 
 NODE_PROBE = """
 const fs = require('fs'), path = require('path');
-const out = {self: null, links: []};
+const out = {self: null, entry: null, links: []};
 const name = process.argv[1];
 if (name) { try { out.self = fs.realpathSync(require.resolve(name, {paths: [process.cwd()]})); } catch (e) {} }
+try { out.entry = fs.realpathSync(require.resolve(process.cwd())); } catch (e) {}
 const nm = path.join(process.cwd(), 'node_modules');
 function scan(dir, depth) {
   let ents = []; try { ents = fs.readdirSync(dir, {withFileTypes: true}); } catch (e) { return; }
@@ -469,7 +476,8 @@ def probes(jenv: JobEnvironment, env: Mapping[str, str]) -> list[tuple[str, list
     out = []
     path = {**env, **jenv.env}.get("PATH", "")
     if jenv.python_packages:
-        py = shutil.which("python", path=path) or shutil.which("python3", path=path)
+        py = (shutil.which(jenv.python, path=path) if jenv.python else None) \
+            or shutil.which("python", path=path) or shutil.which("python3", path=path)
         if py:
             out.append(("python", [py, "-c", PY_PROBE, *jenv.python_packages]))
     if jenv.node_package is not None or jenv.shares:
@@ -497,6 +505,15 @@ def judge(jenv: JobEnvironment, kind: str, raw: bytes) -> tuple[list[str], dict]
         return [f"the {kind} import probe gave no answer: where the code under test resolves is unknown"], {}
     checkout = jenv.checkout.resolve()
     shared = [s.source.resolve() for s in jenv.shares]
+    # A share is mounted (or linked) into the tree, but it is the main checkout's dependencies, not the
+    # job's code: a package under test found there (a copy installed into node_modules or .venv) is outside.
+    mounted = [base / s.target.relative_to(jenv.checkout) for s in jenv.shares
+               if s.target.is_relative_to(jenv.checkout) for base in (jenv.checkout, checkout)]
+
+    def job_code(p: Path) -> bool:
+        lexical = Path(os.path.normpath(p))
+        return _inside(p.resolve(), checkout) and not any(_inside(lexical, m) for m in mounted)
+
     risks: list[str] = []
     if kind == "python":
         for name, info in data.items():
@@ -504,15 +521,16 @@ def judge(jenv: JobEnvironment, kind: str, raw: bytes) -> tuple[list[str], dict]
                 continue
             where = [p for p in [info.get("origin"), *(info.get("locations") or [])] if isinstance(p, str)
                      and p not in ("built-in", "frozen", "namespace")]
-            outside = [p for p in where if not _inside(Path(p).resolve(), checkout)]
+            outside = [p for p in where if not job_code(Path(p))]
             if outside:
                 risks.append(f"the package under test {name!r} resolves outside the validated tree "
                              f"({outside[0]}): validation did not test the job's code")
         return risks, data
-    self_path = data.get("self")
-    if isinstance(self_path, str) and not _inside(Path(self_path), checkout):
-        risks.append(f"the package under test {jenv.node_package!r} resolves outside the validated tree "
-                     f"({self_path}): validation did not test the job's code")
+    for key in ("self", "entry"):  # `require(name)` (a stale copy?), and the package's own entry point
+        found = data.get(key)
+        if isinstance(found, str) and not job_code(Path(found)):
+            risks.append(f"the package under test {jenv.node_package!r} resolves outside the validated tree "
+                         f"({found}): validation did not test the job's code")
     main = jenv.main_checkout
     for link in data.get("links") or []:
         if not (isinstance(link, list) and len(link) == 2 and isinstance(link[1], str)):

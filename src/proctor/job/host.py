@@ -96,6 +96,8 @@ class _Job:
     state_dirs: tuple[Path, ...] = ()  # the adapter's, resolved: writable by every job of that adapter
     egress: EgressProxy | None = None  # the host-run proxy to the adapter's declared hosts, while the agent runs
     backend: Backend | None = None  # an HTTP status the CLI's protocol reported for the deciding run
+    # The repo's keys (config over the base's .proctor.toml), read once: its setup, shares and validate.
+    settings: environment.RepoSettings | None = None
 
 
 def run_agent(
@@ -295,6 +297,9 @@ def _in_worktree(job: _Job, repo: worktree.Repo, base: worktree.Base, confiner: 
     # The job's limits (memory, pids, CPU weight; disk added to the worktree and the agent's TMPDIR). The
     # stop switch is read once more by the runner, as the last thing before each spawn.
     limited = Limited(job.runner, job.limits, (wt.path, job.agent_tmp))
+    job.settings = _repo_settings(job, wt)
+    if job.settings is not None and job.settings.setup:
+        _setup(job, wt, limited, env, result)
     try:
         out = run_attempts(spec=spec, argv=cplan.argv, stdin=inv.stdin, env=agent_env, cwd=wt.path,
                            runner=limited, progress=job.progress, poll=_poll(job), timeout_s=req.timeout_sec,
@@ -459,6 +464,57 @@ def _confine(job: _Job, confiner: confine.Confiner, wt: worktree.Worktree, argv:
     return plan
 
 
+def _repo_settings(job: _Job, wt: worktree.Worktree) -> environment.RepoSettings | None:
+    cfg = environment.settings(job.config.repos, wt.repo.path, wt.repo.common_dir, wt.base_sha)
+    if isinstance(cfg, str):
+        job.risks.append(cfg)
+        return None
+    return cfg
+
+
+def _setup(job: _Job, wt: worktree.Worktree, runner: ProcessRunner, env: dict[str, str],
+           result: RunAgentResult) -> None:
+    """The repo's `setup` commands in the agent's worktree before it starts (so the agent can run the
+    tests as it works), confined like the agent, whose limits they share; their network is the repo's
+    `registries` only, through a proxy of their own. A failure is a risk, never the job's end: validation
+    runs setup again in its own checkout and judges there."""
+    cfg = job.settings
+    if cfg is None or job.confiner is None:
+        return
+    job.progress.phase("setting up the worktree")
+    roots = confine.job_roots(wt.path, job.agent_tmp, readonly=_main_repo(wt), network=bool(cfg.registries))
+    if isinstance(roots, confine.Unavailable):
+        job.risks.append(f"setup before the agent not run: {roots.reason}")
+        return
+    proxy = _registry_proxy(job, cfg, "setup-egress.sock", "setup before the agent")
+    if isinstance(proxy, str):
+        job.risks.append(proxy)
+        return
+    if proxy is not None:
+        roots = dataclasses.replace(roots, egress_socket=proxy.socket_path,
+                                    egress=tuple(str(e) for e in proxy.allowed))
+    try:
+        steps, step_env = [], dict(env)
+        for command in cfg.setup:
+            wrapped = job.confiner.wrap(["/bin/sh", "-c", command], roots)
+            if isinstance(wrapped, confine.Unavailable):
+                job.risks.append(f"setup before the agent not run: {wrapped.reason}")
+                return
+            steps.append(validate.Step(f"setup before the agent: {command}", tuple(wrapped.argv)))
+            step_env.update(wrapped.env)  # the proxy's variables, when it has a network
+        run = validate.run(validate.Plan(tuple(steps)), runner, cwd=wt.path, env=step_env,
+                           timeout_s=job.config.validate_timeout, name=f"setup-{job.job_id}", poll=_poll(job),
+                           log=validation_log(job.job_id))
+    finally:
+        if proxy is not None:
+            proxy.stop()
+    result.validation += [a.record() for a in run.attempts]
+    failed = [a for a in run.attempts if not a.passed]
+    if run.killed_reason or failed:
+        why = run.killed_reason or failed[0].line(job.config.validate_timeout)
+        job.risks.append(f"setup before the agent failed ({why}): the agent ran without it")
+
+
 def _egress_row(job: _Job) -> Callable[[dict], None]:
     def row(decision: dict) -> None:
         job.ledger.append("egress.decision", {"jobId": job.job_id, **decision}, job_id=job.job_id)
@@ -507,11 +563,13 @@ def _main_repo(wt: worktree.Worktree) -> tuple[Path, ...]:
 
 
 def _confined_validation(job: _Job, plan: validate.Plan, checkout: Path, readonly: tuple[Path, ...],
-                         tmpdir: Path, ro_binds: tuple[tuple[Path, Path], ...] = ()) -> validate.Plan | None:
+                         tmpdir: Path, ro_binds: tuple[tuple[Path, Path], ...] = (),
+                         registries: EgressProxy | None = None) -> tuple[validate.Plan, dict[str, str]] | None:
     """Validation runs code the agent may have written (a conftest.py, a build script): it gets the agent's
     confinement in a checkout of its own, minus the network and the CLI's state dirs, with the review
     checkout read-only. `ro_binds` are the job environment's read-only shares (proctor.job.environment).
-    None (and a risk) when it cannot be had."""
+    The repo's `setup` steps (labelled "setup: ") reach `registries`, a proxy to the repo's registries, when
+    one is given; the env it needs comes back beside the plan. None (and a risk) when it cannot be had."""
     roots = confine.job_roots(checkout, tmpdir, readonly=readonly, network=False)
     if isinstance(roots, confine.Unavailable):
         job.risks.append(f"validation not run: {roots.reason}")
@@ -519,15 +577,31 @@ def _confined_validation(job: _Job, plan: validate.Plan, checkout: Path, readonl
     if ro_binds:
         roots = dataclasses.replace(roots, ro_binds=ro_binds)
     if job.confiner is None:
-        return plan
-    steps = []
+        return plan, {}
+    networked = roots if registries is None else dataclasses.replace(
+        roots, network=True, egress_socket=registries.socket_path, egress=tuple(str(e) for e in registries.allowed))
+    steps, env = [], {}
     for step in plan.steps:
-        wrapped = job.confiner.wrap(list(step.argv), roots)
+        setup = registries is not None and step.label.startswith(environment.SETUP_LABEL)
+        wrapped = job.confiner.wrap(list(step.argv), networked if setup else roots)
         if isinstance(wrapped, confine.Unavailable):
             job.risks.append(f"validation not run: {wrapped.reason}")
             return None
         steps.append(validate.Step(step.label, tuple(wrapped.argv)))
-    return validate.Plan(tuple(steps))
+        if setup:
+            env.update(wrapped.env)
+    return validate.Plan(tuple(steps)), env
+
+
+def _registry_proxy(job: _Job, cfg: environment.RepoSettings, sock: str, what: str) -> EgressProxy | None | str:
+    """A proxy to the repo's `registries` for its setup steps; None without registries or confinement (no
+    network to restrict), a str when it could not start (why)."""
+    if not cfg.registries or job.confiner is None or job.confiner.name == "none":
+        return None
+    try:
+        return EgressProxy(cfg.registries, job.host_tmp / sock, on_decision=_egress_row(job)).start()
+    except (OSError, RuntimeError, ValueError) as exc:
+        return f"{what} not run: its registry proxy did not start: {exc}"
 
 
 def _poll(job: _Job) -> Callable[[], str | None]:
@@ -613,11 +687,7 @@ def _validation_run(job: _Job, wt: worktree.Worktree, landed: landing.Landing, p
         job.risks.append(f"validation not run: {made.reason}")
         return None
     first = name == "validate"  # the frozen run has the same environment: its risks are said once
-    cfg = environment.settings(job.config.repos, wt.repo.path, wt.repo.common_dir, wt.base_sha)
-    if isinstance(cfg, str):
-        if first:
-            job.risks.append(cfg)
-        cfg = None
+    cfg = job.settings
     bind = job.confiner is not None and "bwrap" in job.confiner.name
     jenv = environment.prepare(job.work, wt.repo.path, plan, cfg, tmp=tmpdir, env=env, bind=bind)
     failure = environment.apply(jenv)
@@ -633,17 +703,31 @@ def _validation_run(job: _Job, wt: worktree.Worktree, landed: landing.Landing, p
                           job_id=job.job_id)
     plan = environment.plan_for(plan, cfg, given=bool(job.request.validate_command))
     readonly = (*_main_repo(wt), wt.path, *jenv.readonly)
-    confined = _confined_validation(job, plan, job.work, readonly, tmpdir, jenv.ro_binds)
+    proxy = _registry_proxy(job, cfg, f"{name}-egress.sock", "validation") if cfg and cfg.setup else None
+    if isinstance(proxy, str):
+        job.risks.append(proxy)
+        return None
+    try:
+        return _run_validation(job, plan, jenv, readonly, tmpdir, env, name, first, proxy)
+    finally:
+        if proxy is not None:
+            proxy.stop()
+
+
+def _run_validation(job: _Job, plan: validate.Plan, jenv: environment.JobEnvironment, readonly: tuple[Path, ...],
+                    tmpdir: Path, env: dict[str, str], name: str, first: bool,
+                    registries: EgressProxy | None) -> validate.Run | None:
+    confined = _confined_validation(job, plan, job.work, readonly, tmpdir, jenv.ro_binds, registries)
     if confined is None:
         return None
-    run_env = {**env, **jenv.env, "TMPDIR": str(tmpdir)}
+    run_env = {**env, **jenv.env, **confined[1], "TMPDIR": str(tmpdir)}
     if first:
         def run_probe(argv: list[str]) -> tuple[int | None, bytes]:
             wrapped = _confined_validation(job, validate.Plan((validate.Step("probe", tuple(argv)),)), job.work,
                                            readonly, tmpdir, jenv.ro_binds)
             if wrapped is None:
                 return None, b""
-            ex = job.runner.run(Spawn(argv=wrapped.steps[0].argv, cwd=job.work, env=run_env, deadline_s=60,
+            ex = job.runner.run(Spawn(argv=wrapped[0].steps[0].argv, cwd=job.work, env=run_env, deadline_s=60,
                                       name=f"probe-{job.job_id}", poll=_poll(job), tail_bytes=64_000))
             return ex.exit_code, ex.stdout
 
@@ -651,5 +735,5 @@ def _validation_run(job: _Job, wt: worktree.Worktree, landed: landing.Landing, p
         job.risks.extend(probe_risks)
         job.ledger.append("job.probe", {"jobId": job.job_id, "found": found, "risks": probe_risks},
                           job_id=job.job_id)
-    return validate.run(confined, job.runner, cwd=job.work, env=run_env, timeout_s=job.config.validate_timeout,
+    return validate.run(confined[0], job.runner, cwd=job.work, env=run_env, timeout_s=job.config.validate_timeout,
                         name=f"{name}-{job.job_id}", poll=_poll(job), log=validation_log(job.job_id))

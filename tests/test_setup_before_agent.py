@@ -1,0 +1,84 @@
+"""A repo's `setup` runs in the agent's worktree before the agent (so the agent can run the tests as it
+works), confined, its network only the repo's `registries` through a proxy of its own; its failure is a risk.
+Real bwrap/Landlock, a real loopback "registry"; under CI=true a machine without confinement fails."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import make_repo
+
+from proctor.config import load_config
+from proctor.confine import detect
+from proctor.contract import RunAgentRequest, Status
+from proctor.job.host import run_agent
+from proctor.ledger import Ledger
+
+CAPS = detect()
+if CAPS.bwrap is None and not CAPS.landlock and os.environ.get("CI") == "true":
+    pytest.fail("CI must have bwrap or Landlock for the setup tests", pytrace=False)
+pytestmark = pytest.mark.skipif(CAPS.bwrap is None and not CAPS.landlock, reason="no OS confinement here")
+
+# The agent works only where setup ran first: it records what it found, as a test run would.
+AGENT = ('[agents.st]\ncommand = ["sh", "-c", "cat deps/ready > seen.txt 2>&1 || echo missing > seen.txt"]\n'
+         'prompt = "stdin"\nnetwork = false\n')
+
+
+@pytest.fixture
+def registry():
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = b"package-1.0\n"
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv.server_address[1]
+    srv.shutdown()
+
+
+def job(tmp_path: Path, proctor_toml: str):
+    repo = make_repo(tmp_path, {"README.md": "x\n", ".gitignore": "deps/\n", ".proctor.toml": proctor_toml})
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('confine = "required"\n' + AGENT)
+    req = RunAgentRequest(agent="st", task="t", repo=str(repo), ticket="T", validateCommand="true")
+    return run_agent(req, config=load_config(cfg))
+
+
+def fetch(port: int) -> str:
+    return f"mkdir -p deps && curl -sf --proxytunnel http://127.0.0.1:{port}/pkg -o deps/ready"
+
+
+def test_setup_fetches_from_its_registry_before_the_agent(tmp_path, registry):
+    res = job(tmp_path, f'setup = [{json.dumps(fetch(registry))}]\nregistries = ["127.0.0.1:{registry}"]\n')
+    assert res.status is Status.completed, res
+    assert (Path(res.worktree_path) / "seen.txt").read_text() == "package-1.0\n"  # the agent saw it
+    assert res.changed_files == ["seen.txt"]  # setup's ignored output is not the job's change
+    assert res.validation[0]["label"].startswith("setup before the agent:") and res.validation[0]["exit_code"] == 0
+    rows = [r.payload for r in Ledger.default().rows() if r.kind == "egress.decision" and r.job_id == res.job_id]
+    assert rows and all(r.get("allowed") for r in rows), rows
+
+
+def test_control_a_host_outside_the_registries_is_refused_and_the_agent_runs_without_it(tmp_path, registry):
+    res = job(tmp_path, f'setup = [{json.dumps(fetch(registry))}]\nregistries = ["127.0.0.2:9"]\n')
+    assert (Path(res.worktree_path) / "seen.txt").read_text() == "missing\n"
+    assert any("setup before the agent failed" in r for r in res.known_risks), res.known_risks
+    rows = [r.payload for r in Ledger.default().rows() if r.kind == "egress.decision" and r.job_id == res.job_id]
+    assert rows and not any(r.get("allowed") for r in rows), rows
+
+
+def test_control_setup_without_registries_has_no_network(tmp_path, registry):
+    res = job(tmp_path, f'setup = [{json.dumps(fetch(registry))}]\n')
+    assert (Path(res.worktree_path) / "seen.txt").read_text() == "missing\n"
+    assert res.validation[0]["exit_code"] != 0
