@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the test suite drives for real, only those missing. Needs root (CI is root).
 #   git, bubblewrap (confinement), sqlite3 (the ledger-tamper tests edit with the real CLI),
-#   a C compiler and the kernel headers (the Landlock exec helper is compiled on first use).
+#   a C compiler and the kernel headers (the Landlock exec helper is compiled on first use),
+#   cargo (the Rust ecosystem test; its crate comes from Debian's archive with `apt-get download`).
 # Node.js >= 20 with npm is expected from the machine image: Debian bookworm's nodejs is 18, too old for
 # gemini-cli 0.61, so it is not installed from here.
 set -euo pipefail
@@ -13,6 +14,8 @@ command -v cc >/dev/null || need+=(gcc)
 [ -f /usr/include/linux/landlock.h ] || need+=(linux-libc-dev)
 [ -f /usr/include/stdio.h ] || need+=(libc6-dev)
 command -v flock >/dev/null || need+=(util-linux)
+# cargo/rustc: tests/test_ecosystems.py runs a real crate's `cargo test` (a rustup install counts).
+command -v cargo >/dev/null || [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ] || need+=(cargo)
 if ! command -v npm >/dev/null || ! node -e 'process.exit(+process.versions.node.split(".")[0] >= 20 ? 0 : 1)' 2>/dev/null; then
   echo "warning: Node.js >= 20 with npm is missing; the real-CLI tests will skip" >&2
 fi

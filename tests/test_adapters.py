@@ -89,6 +89,28 @@ def test_user_adapter_overrides_and_patterns(tmp_path, repo, fake):
     assert res.status is Status.rate_limited
 
 
+@pytest.mark.parametrize("retry", [False, True])
+def test_an_adapter_that_declares_retry_false_runs_once(tmp_path, repo, fake, retry):
+    agent = fake("mine", Behaviour(exit_codes=[1]))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'confine = "off"\n[agents.mine]\ncommand = ["mine", "{{prompt}}"]\nretry = {str(retry).lower()}\n')
+    res = run_agent(RunAgentRequest(agent="mine", task="t", repo=str(repo), ticket="T"), config=load_config(cfg))
+    assert res.status is Status.failed and res.code.value == "AGENT_FAILED"
+    # control: retry = true (the default) is the usual second attempt
+    assert len(agent.calls()) == res.attempts == len(res.exit_codes) == (2 if retry else 1)
+    said = [r for r in res.known_risks if "retry = false" in r]
+    assert said == ([] if retry else ["agent exited 1; not retried: adapter 'mine' declares retry = false"])
+
+
+def test_builtin_patch_does_not_retry_a_diff_that_did_not_apply(repo):
+    assert builtin_agents()["patch"].retry is False and builtin_agents()["claude"].retry is True
+    diff = "--- a/README.md\n+++ b/README.md\n@@ -1 +1 @@\n-absent\n+patched\n"
+    res = run_agent(RunAgentRequest(agent="patch", task=diff, repo=str(repo), ticket="T"))
+    assert res.status is Status.failed and res.code.value == "AGENT_FAILED"
+    assert res.attempts == 1 and res.exit_codes == [1] and "patch does not apply" in res.summary + str(res.known_risks)
+    assert not any("retried once" in r for r in res.known_risks)
+
+
 @pytest.mark.parametrize("text,needle", [
     ('[agents.a]\ncommand = []\n', "command"),
     ('[agents.a]\ncommand = ["x"]\n', "needs a {prompt} placeholder"),

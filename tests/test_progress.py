@@ -14,10 +14,8 @@ from proctor.testing import Behaviour
 PROCTOR = str(Path(sys.executable).with_name("proctor"))
 
 
-def test_progress_on_a_tty_stderr_and_quiet_on_a_pipe(repo, fake):
-    fake("claude", Behaviour(stdout="thinking hard about it\n", writes={"a": "1"}, sleep=0.6))
-    args = [PROCTOR, "run-agent", "--agent", "claude", "--task", "t", "--repo", str(repo), "--ticket", "T",
-            "--validate-cmd", "true"]
+def _on_a_tty(args: list[str]) -> tuple[subprocess.Popen, bytes, str]:
+    """Run with stderr a pty (stdout a pipe); what the pty showed, decoded."""
     master, slave = pty.openpty()
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=slave, env={**os.environ, "TERM": "xterm"})
     os.close(slave)
@@ -32,8 +30,26 @@ def test_progress_on_a_tty_stderr_and_quiet_on_a_pipe(repo, fake):
             break
         chunks.append(data)
     os.close(master)
-    shown = b"".join(chunks).decode("utf-8", "replace")
+    return p, out, b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_progress_on_a_tty_stderr_and_quiet_on_a_pipe(repo, fake):
+    fake("claude", Behaviour(stdout="thinking hard about it\n", writes={"a": "1"}, sleep=0.6))
+    args = [PROCTOR, "run-agent", "--agent", "claude", "--task", "t", "--repo", str(repo), "--ticket", "T",
+            "--validate-cmd", "true"]
+    _, out, shown = _on_a_tty(args)
     assert json.loads(out)["status"] == "completed"
     assert "completed" in shown and "worktree" in shown
-    quiet = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    quiet = subprocess.run(args, check=False, capture_output=True, text=True, timeout=60)
     assert json.loads(quiet.stdout)["status"] == "completed" and quiet.stderr == ""
+
+
+def test_a_refusal_after_the_progress_line_started_is_said_on_the_terminal(repo, fake):
+    # UNKNOWN_AGENT is decided inside the host, with the live line already drawn: it is taken down first.
+    fake("claude")
+    p, out, shown = _on_a_tty([PROCTOR, "run-agent", "--agent", "nope\x1b]0;T\x07", "--task", "t", "--repo",
+                               str(repo), "--ticket", "T"])
+    assert p.returncode == 1 and json.loads(out)["code"] == "UNKNOWN_AGENT"
+    # repr() already escaped the ESC; `visible` doubles that backslash, as it does any the text holds.
+    assert "proctor: refused (UNKNOWN_AGENT): unknown agent 'nope\\\\x1b]0;T\\\\x07' (known: " in shown, shown
+    assert "\x1b]0;T" not in shown  # the agent name a user typed is escaped like an agent's output

@@ -292,5 +292,6 @@ def test_patch_adapter_applies_and_a_bad_diff_fails(repo):
     assert res.status is Status.completed and res.agent_changed_files == ["README.md"]
     assert (Path(res.worktree_path) / "README.md").read_text() == "hello, patched\n"
     bad = run_agent(req(repo, agent="patch", task=DIFF.replace("-hello", "-absent")))
-    assert bad.status is Status.failed and bad.code is Code.AGENT_FAILED and bad.attempts == 2
+    # `retry = false`: a diff that did not apply will not apply on a second try either.
+    assert bad.status is Status.failed and bad.code is Code.AGENT_FAILED and bad.attempts == 1
     assert (repo / "README.md").read_text() == "hello\n"

@@ -1,15 +1,20 @@
-"""Under a real pty (tmux): an agent's output changes no title, no clipboard, no screen; a benign one is shown.
+"""Under a real pty (tmux): an agent's output changes no title, no clipboard, no screen; a benign one is shown;
+the timer ticks while the agent is quiet; validation's phase does not show the agent's line; Ctrl-C cancels.
 
 Each run is a `proctor run-agent` job with a fake agent, its stderr the tmux pane, its stdout a file. tmux
 records what the pane's program did: `#{pane_title}` (OSC 0/2), paste buffers (OSC 52, `set-clipboard on`),
 the screen (`capture-pane -p`, `-e` for attributes) and, through `pipe-pane`, every byte written to the pty.
 The controls first show the harness sees a raw sequence when one is written.
+
+No timing window: the fake agent (and validation) wait for a file the test writes once it saw on screen what
+it was looking for (sampling the screen every 0.1 s during a 1.5 s sleep failed under load).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -19,8 +24,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from proctor.testing import Behaviour
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
 
@@ -45,7 +48,7 @@ class Tmux:
                               capture_output=True, text=True, timeout=20).stdout
 
     def kill(self) -> None:
-        subprocess.run(["tmux", "-L", self.sock, "kill-server"], capture_output=True, timeout=20)
+        subprocess.run(["tmux", "-L", self.sock, "kill-server"], check=False, capture_output=True, timeout=20)
 
 
 @pytest.fixture
@@ -55,13 +58,13 @@ def tmux(tmp_path):
     t.kill()
 
 
-def _start(tmux: Tmux, tmp: Path, command: str, name: str) -> tuple[Path, Path]:
+def _start(tmux: Tmux, tmp: Path, command: str, name: str, prelude: str = "") -> tuple[Path, Path]:
     """A session whose pane runs `command` once `go` exists; pipe-pane records the pty's bytes first."""
     go, raw, done = tmp / f"{name}.go", tmp / f"{name}.raw", tmp / f"{name}.done"
     script = tmp / f"{name}.sh"
     env = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in os.environ.items()
                   if k in ("PATH", "PROCTOR_HOME", "HOME", "LANG", "LC_ALL") or k.startswith("GIT_"))
-    script.write_text(f"{env}echo BEFORE-MARKER\nwhile [ ! -e {shlex.quote(str(go))} ]; do sleep 0.05; done\n"
+    script.write_text(f"{env}{prelude}echo BEFORE-MARKER\nwhile [ ! -e {shlex.quote(str(go))} ]; do sleep 0.05; done\n"
                       f"{command}\necho $? > {shlex.quote(str(done))}\nsleep 60\n")
     tmux("new-session", "-d", "-x", "160", "-y", "40", "-s", name, f"sh {shlex.quote(str(script))}")
     tmux("pipe-pane", "-t", name, "-o", f"cat >> {shlex.quote(str(raw))}")
@@ -70,21 +73,72 @@ def _start(tmux: Tmux, tmp: Path, command: str, name: str) -> tuple[Path, Path]:
     return raw, done
 
 
+# A fake `claude` that follows steps: ("out", text) prints and flushes, ("wait", path) waits for the test to
+# write path (or gives up after a generous deadline, exit 3), ("pid", path) records its pid.
+_AGENT = """#!{python}
+import json, os, sys, time
+if sys.argv[1:] == ["--version"]:
+    print("fake-claude 1.0"); sys.exit(0)
+for kind, arg in json.loads({steps!r}):
+    if kind == "out":
+        sys.stdout.write(arg); sys.stdout.flush()
+    elif kind == "pid":
+        with open(arg, "w") as fh:
+            fh.write(str(os.getpid()))
+    elif kind == "wait":
+        end = time.monotonic() + 120
+        while not os.path.exists(arg):
+            if time.monotonic() > end:
+                sys.exit(3)
+            time.sleep(0.02)
+with open("a", "w") as fh:
+    fh.write("1")
+"""
+
+
+def _agent(fake_bin: Path, *steps: tuple[str, str]) -> None:
+    path = fake_bin / "claude"
+    path.write_text(_AGENT.format(python=sys.executable, steps=json.dumps(steps)))
+    path.chmod(0o755)
+
+
+class Screens:
+    """Every capture of the pane, kept; `until` waits for a condition on the latest, with a deadline."""
+
+    def __init__(self, tmux: Tmux, name: str) -> None:
+        self.tmux, self.name, self.seen = tmux, name, []
+
+    def capture(self) -> str:
+        self.seen.append(self.tmux("capture-pane", "-p", "-t", self.name))
+        return self.seen[-1]
+
+    def until(self, cond, what: str, timeout: float = 90) -> str:
+        end = time.monotonic() + timeout
+        while True:
+            screen = self.capture()
+            if cond(screen):
+                return screen
+            assert time.monotonic() < end, f"never on screen: {what}; last:\n{screen}"
+            time.sleep(0.05)
+
+    def finish(self, done: Path, timeout: float = 90) -> list[str]:
+        self.until(lambda _: done.exists(), "the job's end", timeout)
+        time.sleep(0.2)
+        self.capture()
+        return self.seen
+
+
 def _watch(tmux: Tmux, name: str, done: Path, timeout: float = 90) -> list[str]:
-    screens, end = [], time.monotonic() + timeout
-    while not done.exists():
-        assert time.monotonic() < end, "the job never finished"
-        screens.append(tmux("capture-pane", "-p", "-t", name))
-        time.sleep(0.1)
-    time.sleep(0.2)
-    screens.append(tmux("capture-pane", "-p", "-t", name))
-    return screens
+    return Screens(tmux, name).finish(done, timeout)
 
 
 def _run_agent(repo: Path, out: Path, validate: str = "true") -> str:
-    # A slow validation keeps the agent's last line on screen a while, so a capture sees it even under load.
     return (f"{shlex.quote(PROCTOR)} run-agent --agent claude --task t --repo {shlex.quote(str(repo))} "
             f"--ticket T --validate-cmd {shlex.quote(validate)} > {shlex.quote(str(out))}")
+
+
+def _progress_line(screen: str, phase: str) -> str | None:
+    return next((line for line in screen.splitlines() if phase in line), None)
 
 
 def test_controls_the_harness_sees_a_raw_title_clipboard_and_clear(tmux, tmp_path):
@@ -99,21 +153,25 @@ def test_controls_the_harness_sees_a_raw_title_clipboard_and_clear(tmux, tmp_pat
     assert b"\x1b]52;" in raw.read_bytes()
 
 
-def test_agent_output_is_shown_escaped_and_drives_nothing(tmux, tmp_path, repo, fake):
-    fake("claude", Behaviour(stdout=FIRST, writes={"a": "1"}, sleep=1.5, stdout_after_sleep=SECOND))
+def test_agent_output_is_shown_escaped_and_drives_nothing(tmux, tmp_path, repo, fake_bin):
+    _agent(fake_bin, ("out", FIRST), ("wait", str(tmp_path / "seen1")), ("out", SECOND),
+           ("wait", str(tmp_path / "seen2")))
     out = tmp_path / "hostile.json"
-    raw, done = _start(tmux, tmp_path, _run_agent(repo, out, "sleep 1.5"), "hostile")
-    screens = _watch(tmux, "hostile", done)
+    raw, done = _start(tmux, tmp_path, _run_agent(repo, out), "hostile")
+    screens = Screens(tmux, "hostile")
+    # The agent's lines were on screen (escaped) while it ran.
+    screens.until(lambda s: "\\x1b]0;PWNED-TITLE\\x07" in s and "\\x1b]52;c;Y3Vy" in s and "\\x1b]8;;https" in s,
+                  "the first line, escaped")
+    (tmp_path / "seen1").write_text("")
+    screens.until(lambda s: "\\x9d0;C1-TITLE\\x9c\\u202e\\x1b[2J\\x1b[Hcompleted (OK)" in s, "the second line, escaped")
+    (tmp_path / "seen2").write_text("")
+    seen = screens.finish(done)
     assert json.loads(out.read_text())["status"] == "completed"
     title = tmux("display", "-p", "-t", "hostile", "#{pane_title}")
     assert "PWNED" not in title and "C1-TITLE" not in title
     assert tmux("list-buffers") == ""  # OSC 52 wrote no clipboard, not once in all the redraws
-    # The agent's line was on screen (escaped) while it ran; the screen was never cleared under it, and no
-    # line ever began with the fake verdict.
-    assert any("\\x1b]0;PWNED-TITLE\\x07" in s and "\\x1b]52;c;Y3Vy" in s and "\\x1b]8;;https" in s
-               for s in screens)
-    assert any("\\x9d0;C1-TITLE\\x9c\\u202e\\x1b[2J\\x1b[Hcompleted (OK)" in s for s in screens)
-    for s in screens:
+    # The screen was never cleared under it, and no line ever began with the fake verdict.
+    for s in seen:
         assert "BEFORE-MARKER" in s
         assert not any(line.startswith(FAKE_DONE[:40]) for line in s.splitlines())
     styled = tmux("capture-pane", "-p", "-e", "-t", "hostile")
@@ -124,13 +182,98 @@ def test_agent_output_is_shown_escaped_and_drives_nothing(tmux, tmp_path, repo, 
         assert seq not in data, seq
 
 
-def test_control_a_benign_progress_line_is_shown(tmux, tmp_path, repo, fake):
-    fake("claude", Behaviour(stdout="thinking hard about it\n", writes={"a": "1"}, sleep=1.5))
+def test_control_a_benign_progress_line_is_shown(tmux, tmp_path, repo, fake_bin):
+    _agent(fake_bin, ("out", "thinking hard about it\n"), ("wait", str(tmp_path / "seen")))
     out = tmp_path / "benign.json"
-    raw, done = _start(tmux, tmp_path, _run_agent(repo, out), "benign")
-    screens = _watch(tmux, "benign", done)
+    _, done = _start(tmux, tmp_path, _run_agent(repo, out), "benign")
+    screens = Screens(tmux, "benign")
+    screens.until(lambda s: "thinking hard about it" in s, "the agent's line")
+    (tmp_path / "seen").write_text("")
+    final = screens.finish(done)[-1]
     assert json.loads(out.read_text())["status"] == "completed"
-    assert any("thinking hard about it" in s for s in screens)
-    final = screens[-1]
     assert "BEFORE-MARKER" in final
     assert any(line.startswith("completed (OK) in ") and "worktree" in line for line in final.splitlines())
+
+
+ELAPSED = re.compile(r"running claude \(attempt 1\)\s+(\d+\.\d)s")
+
+
+def _elapsed(screen: str) -> float | None:
+    m = ELAPSED.search(screen)
+    return float(m.group(1)) if m else None
+
+
+def test_the_timer_ticks_while_the_agent_is_quiet(tmux, tmp_path, repo, fake_bin):
+    _agent(fake_bin, ("out", "one line, then quiet\n"), ("wait", str(tmp_path / "go-on")))
+    out = tmp_path / "quiet.json"
+    _, done = _start(tmux, tmp_path, _run_agent(repo, out), "quiet")
+    screens = Screens(tmux, "quiet")
+    first = screens.until(lambda s: _elapsed(s) is not None and "one line, then quiet" in s, "the agent's line")
+    t0 = _elapsed(first)
+    # The agent prints nothing more: only the clock can move the line on (it froze at 0.1 s for 9 s).
+    later = screens.until(lambda s: (_elapsed(s) or 0) >= t0 + 1.0, f"the elapsed time past {t0 + 1.0:.1f}s")
+    assert "one line, then quiet" in later
+    (tmp_path / "go-on").write_text("")
+    screens.finish(done)
+    assert json.loads(out.read_text())["status"] == "completed"
+
+
+def _validating_run(tmux, tmp_path, repo, fake_bin, name):
+    seen = tmp_path / f"{name}.seen"
+    _agent(fake_bin, ("out", "AGENT-LAST-LINE\n"), ("wait", str(seen)))
+    printed, go = tmp_path / f"{name}.printed", tmp_path / f"{name}.go-on"
+    validate = (f"echo VALIDATION-OWN-LINE; touch {shlex.quote(str(printed))}; "
+                f"while [ ! -e {shlex.quote(str(go))} ]; do sleep 0.05; done")
+    out = tmp_path / f"{name}.json"
+    _, done = _start(tmux, tmp_path, _run_agent(repo, out, validate), name)
+    screens = Screens(tmux, name)
+    # control: the agent's line is shown while the agent runs
+    screens.until(lambda s: "AGENT-LAST-LINE" in (_progress_line(s, "running claude") or ""), "the agent's line")
+    seen.write_text("")
+    screens.until(lambda s: printed.exists() and _progress_line(s, "validating") is not None,
+                  "the validating phase, validation's line printed", timeout=90)
+    return screens, go, done, out
+
+
+def test_validating_does_not_show_the_agents_line(tmux, tmp_path, repo, fake_bin):
+    screens, go, done, out = _validating_run(tmux, tmp_path, repo, fake_bin, "val")
+    # Redrawn 12.5 times a second: two seconds of the phase, and never the agent's line in it.
+    end = time.monotonic() + 2
+    while time.monotonic() < end:
+        line = _progress_line(screens.capture(), "validating")
+        assert line is not None and "AGENT-LAST-LINE" not in line, line
+        time.sleep(0.1)
+    go.write_text("")
+    screens.finish(done)
+    assert json.loads(out.read_text())["status"] == "completed"
+
+
+def test_validating_shows_validations_own_line(tmux, tmp_path, repo, fake_bin):
+    screens, go, done, _ = _validating_run(tmux, tmp_path, repo, fake_bin, "valown")
+    try:
+        # Printed already (the file says so); a redraw is every 0.08 s: 10 s is generous.
+        screens.until(lambda s: "VALIDATION-OWN-LINE" in (_progress_line(s, "validating") or ""),
+                      "validation's own line on the progress line", timeout=10)
+    finally:
+        go.write_text("")
+        screens.finish(done)
+
+
+def test_ctrl_c_in_the_terminal_cancels_the_job_and_exits_130(tmux, tmp_path, repo, fake_bin):
+    pid = tmp_path / "agent.pid"
+    _agent(fake_bin, ("pid", str(pid)), ("out", "busy\n"), ("wait", str(tmp_path / "never")))
+    out = tmp_path / "ctrlc.json"
+    # The pane's shell catches SIGINT (a trap, not an ignore: proctor starts with the default disposition) so
+    # it lives to record proctor's exit status.
+    _, done = _start(tmux, tmp_path, _run_agent(repo, out), "ctrlc", prelude="trap 'true' INT\n")
+    screens = Screens(tmux, "ctrlc")
+    screens.until(lambda s: "busy" in s and pid.exists(), "the agent running")
+    agent_pid = int(pid.read_text())
+    tmux("send-keys", "-t", "ctrlc", "C-c")  # the terminal's SIGINT, to the whole foreground process group
+    final = screens.finish(done)[-1]
+    assert done.read_text().strip() == "130", final
+    res = json.loads(out.read_text())
+    assert res["status"] == "failed" and res["code"] == "CANCELLED", res
+    assert "proctor: cancelled (SIGINT)" in final and "Aborted" not in final and "Traceback" not in final
+    assert not Path(f"/proc/{agent_pid}").exists() or Path(f"/proc/{agent_pid}/stat").read_text().rsplit(
+        ")", 1)[1].split()[0] in ("Z", "X")

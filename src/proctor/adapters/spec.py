@@ -6,12 +6,13 @@ anything: the host spawns what `build()` returns.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -20,6 +21,9 @@ from proctor.confine.egress import parse_endpoint
 
 PLACEHOLDERS = ("{prompt}", "{prompt_file}", "{worktree}")
 _PLACEHOLDER_RE = re.compile(r"\{[a-z_]+\}")
+# A model endpoint's keys (AdapterSpec.base_url, .api_key_env, .model) as placeholders of endpoint_args/_env.
+ENDPOINT_KEYS = ("base_url", "api_key_env", "model")
+_ENDPOINT_RE = re.compile(r"\{(base_url|api_key_env|model)\}")
 
 
 def max_arg_strlen() -> int:
@@ -50,6 +54,11 @@ class AdapterSpec(BaseModel):
     output: str = "text"
     version_args: tuple[str, ...] | None = None
     state_dirs: tuple[str, ...] = ()  # the CLI's own state, writable under confinement
+    # retry = false: a nonzero exit is final (proctor.job.attempts): a `git apply` that failed fails again.
+    retry: bool = True
+    # Exit codes that mean the CLI cannot run as configured (gemini: 41 auth, 52 config): AGENT_MISCONFIGURED,
+    # never retried, like its measured texts ("Not logged in", "Invalid auth method selected").
+    misconfigured_exit_codes: tuple[int, ...] = ()
     # network = true: the agent's network is the host's egress proxy (proctor.confine.egress), which lets a
     # CONNECT through only to an `egress` entry, "host[:port]" (port 443 unless given); a declared name that
     # resolves to a loopback or private address is refused, a declared IP literal ("127.0.0.1:11434", a
@@ -57,6 +66,59 @@ class AdapterSpec(BaseModel):
     # and the result's gaps say so. network = false: no network at all (the proxy is not even bound in).
     network: bool = True
     egress: tuple[str, ...] = ()
+    # The credential pool a backend's limit applies to, which the breaker is kept per: `pool` when given,
+    # else the adapter's name plus a digest of the values of `pool_env` (API keys, base URLs) as the agent
+    # will see them. Two jobs on one key share a backoff; jobs on another key or gateway do not.
+    pool: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._@:-]{1,64}$")
+    pool_env: tuple[str, ...] = ()
+    # A model endpoint other than the CLI's own (a proxy, a self-hosted gateway), by configuration alone: the
+    # user sets `base_url`, `api_key_env` (the NAME of the variable holding the key, never the key) and
+    # `model`; the adapter declares how its CLI takes them, with {base_url} {api_key_env} {model}
+    # placeholders: an `endpoint_args` group (inserted before the command's first option, after the program
+    # and its subcommand) or an `endpoint_env` entry is used only when every key it names is set, and a key
+    # that no used group or entry takes is refused, never silently ignored. `endpoint_env` lands in `env`.
+    base_url: str | None = Field(default=None, pattern=r"^https?://[^\s\"'\\{}]+$")
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    model: str | None = Field(default=None, pattern=r"^[^\s\"'\\{}]+$")
+    endpoint_args: tuple[tuple[str, ...], ...] = ()
+    endpoint_env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _endpoint_env(cls, data: Any) -> Any:
+        """Fold the `endpoint_env` entries whose keys are set into `env`; refuse a key that takes no effect."""
+        if not isinstance(data, dict):
+            return data
+        values = {k: data[k] for k in ENDPOINT_KEYS if isinstance(data.get(k), str) and data[k]}
+        groups, templates = data.get("endpoint_args") or (), data.get("endpoint_env") or {}
+        if not isinstance(groups, (list, tuple)) or not isinstance(templates, dict) or not all(
+                isinstance(g, (list, tuple)) and all(isinstance(t, str) for t in g) for g in groups) or not all(
+                isinstance(v, str) for v in templates.values()):
+            return data  # the field validators say what is wrong
+        used: set[str] = set()
+        for where, texts in [*((f"endpoint_args group {list(g)}", g) for g in groups),
+                             *((f"endpoint_env.{k}", (v,)) for k, v in templates.items())]:
+            keys = {m for t in texts for m in _ENDPOINT_RE.findall(t)}
+            if not keys:
+                raise ValueError(f"{where} names none of {{base_url}} {{api_key_env}} {{model}}")
+            if keys <= values.keys():
+                used |= keys
+        unused = sorted(values.keys() - used)
+        if unused:
+            raise ValueError(f"{', '.join(unused)} takes no effect on this adapter: none of its endpoint_args or "
+                             "endpoint_env uses it" + (" (with the keys set)" if groups or templates else ""))
+        env = {k: _fill(v, values) for k, v in templates.items() if set(_ENDPOINT_RE.findall(v)) <= values.keys()}
+        if env:
+            data = {**data, "env": {**(data.get("env") if isinstance(data.get("env"), dict) else {}), **env}}
+        return data
+
+    def endpoint_command(self) -> tuple[str, ...]:
+        """`command` with the `endpoint_args` groups whose keys are set, before its first option."""
+        values = {k: getattr(self, k) for k in ENDPOINT_KEYS if getattr(self, k)}
+        args = [_fill(t, values) for g in self.endpoint_args
+                if {m for t in g for m in _ENDPOINT_RE.findall(t)} <= values.keys() for t in g]
+        at = next((i for i, t in enumerate(self.command) if i and t.startswith("-")), len(self.command))
+        return (*self.command[:at], *args, *self.command[at:])
 
     @field_validator("egress")
     @classmethod
@@ -86,6 +148,12 @@ class AdapterSpec(BaseModel):
             for ph in _PLACEHOLDER_RE.findall(token):
                 if ph not in PLACEHOLDERS:
                     raise ValueError(f"unknown placeholder {ph} in command (known: {', '.join(PLACEHOLDERS)})")
+        known = (*PLACEHOLDERS, *(f"{{{k}}}" for k in ENDPOINT_KEYS))
+        for token in (*(t for g in self.endpoint_args for t in g), *self.endpoint_env.values()):
+            for ph in _PLACEHOLDER_RE.findall(token):
+                if ph not in known:
+                    raise ValueError(f"unknown placeholder {ph} in endpoint_args/endpoint_env (known: "
+                                     f"{', '.join(known)})")
         joined = " ".join(self.command)
         if self.prompt == "argv" and "{prompt}" not in joined:
             raise ValueError('prompt = "argv" needs a {prompt} placeholder in command')
@@ -96,6 +164,25 @@ class AdapterSpec(BaseModel):
         if self.egress and not self.network:
             raise ValueError("egress hosts need network = true")
         return self
+
+
+def pool_key(spec: AdapterSpec, env: dict[str, str]) -> str:
+    """The breaker's key for a job of `spec` whose agent sees `env` (see `AdapterSpec.pool`)."""
+    if spec.pool:
+        return spec.pool
+    values = [f"{k}={env[k]}" for k in sorted(set(spec.pool_env)) if env.get(k)]
+    # An endpoint given as adapter keys (an argv flag for codex) is a pool of its own, as is its key.
+    if spec.base_url:
+        values.append(f"base_url={spec.base_url}")
+    if spec.api_key_env and env.get(spec.api_key_env) and spec.api_key_env not in spec.pool_env:
+        values.append(f"{spec.api_key_env}={env[spec.api_key_env]}")
+    if not values:
+        return spec.name
+    return f"{spec.name}@{hashlib.sha256(chr(0).join(values).encode()).hexdigest()[:12]}"
+
+
+def _fill(template: str, values: dict[str, str]) -> str:
+    return _ENDPOINT_RE.sub(lambda m: values[m.group(1)], template)
 
 
 @dataclass(frozen=True)
@@ -131,7 +218,8 @@ def build(
                 "(refused, not truncated: use a stdin or file adapter for larger tasks)", "PROMPT_TOO_LARGE"
             )
     values = {"{prompt}": prompt, "{worktree}": str(worktree), "{prompt_file}": str(prompt_file or "")}
-    argv = tuple(_PLACEHOLDER_RE.sub(lambda m: values.get(m.group(0), m.group(0)), t) for t in spec.command)
+    argv = tuple(_PLACEHOLDER_RE.sub(lambda m: values.get(m.group(0), m.group(0)), t)
+                 for t in spec.endpoint_command())
     for token in argv:
         if len(token.encode("utf-8")) + 1 > max_arg_strlen():
             return Refused(f"an argument of {len(token.encode())} bytes exceeds the platform's "

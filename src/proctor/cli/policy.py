@@ -1,4 +1,4 @@
-"""`proctor stop|resume|check-task|decide|ledger verify|jobs`: the policy half's thin commands.
+"""`proctor stop|resume|check-task|decide|ledger verify`: the policy half's thin commands.
 
 Each parses its input, calls one function of stop/gate/ledger and prints JSON on stdout. Exit 0 when a
 decision was reached (a refusal included), 2 with one line on stderr for unusable input, never a traceback.
@@ -133,47 +133,3 @@ def ledger_verify_cmd() -> None:
     if problems:
         click.echo(f"proctor: ledger tampered: {visible(problems[0])}", err=True)
         sys.exit(1)
-
-
-def list_jobs(ledger: Ledger) -> list[dict[str, Any]]:
-    """Jobs from `job.start` / `job.end` rows, oldest first; a start without an end is `interrupted`."""
-    jobs: dict[str, dict[str, Any]] = {}
-    for row in ledger.rows(kind="job.start"):
-        job_id = row.job_id or str(row.payload.get("jobId", ""))
-        jobs[job_id] = {
-            "jobId": job_id, "agent": row.payload.get("agent"), "ticket": row.payload.get("ticket"),
-            "repo": row.payload.get("repo"), "worktreePath": row.payload.get("worktreePath"),
-            "started": row.ts, "ended": None, "status": "interrupted", "code": None, "needs_human_review": None,
-        }
-    for row in ledger.rows(kind="job.end"):
-        job_id = row.job_id or str(row.payload.get("jobId", ""))
-        job = jobs.setdefault(job_id, {"jobId": job_id, "started": None})
-        job.update(ended=row.ts, status=row.payload.get("status"), code=row.payload.get("code"),
-                   needs_human_review=row.payload.get("needs_human_review"))
-    return list(jobs.values())
-
-
-@main.command("jobs")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def jobs_cmd(as_json: bool) -> None:
-    """List run-agent jobs from the ledger; one that started and never ended is `interrupted`."""
-    ledger = _open_ledger()
-    jobs = []
-    if ledger is not None:
-        with ledger:
-            jobs = list_jobs(ledger)
-    if as_json:
-        _emit(jobs)
-        return
-    if not jobs:
-        click.echo("no jobs")
-        return
-    for job in jobs:
-        # Every field comes from ledger rows, which the agent's side may have shaped (a ticket, a path, a
-        # status string): each is made visible before a terminal sees it, and padded after, by its shown width.
-        click.echo(f"{_cell(job['jobId'])}  {_cell(job.get('status'), '?'):<17} {_cell(job.get('code')):<18} "
-                   f"{_cell(job.get('agent'), '?'):<10} {_cell(job.get('ticket')):<20} {_cell(job.get('started'))}")
-
-
-def _cell(value: Any, missing: str = "") -> str:
-    return visible(value) if value not in (None, "") else missing

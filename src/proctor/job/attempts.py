@@ -1,7 +1,8 @@
 """Launching an agent for one job: at most two attempts under one deadline, and what the exits mean.
 
 Owns the retry rule (once, on a nonzero exit, in the same worktree; never after a timeout, a rate limit, an
-approval stall, a stop, a cancel or a host kill) and turning each `Exit` into a status, a code and risks.
+approval stall, a stop, a cancel or a host kill, nor for an adapter that declares `retry = false`) and
+turning each `Exit` into a status, a code and risks.
 It never reads the agent's claims for the verdict and never touches git: the host does both.
 """
 
@@ -9,17 +10,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from proctor.adapters.output import READERS, WATCHERS, Reading
+from proctor.adapters.output import READERS, WATCHERS, Backend, Reading
 from proctor.adapters.spec import AdapterSpec
-from proctor.job.classify import Patterns, classify
 from proctor.contract import Code, Status
+from proctor.job.classify import Patterns, classify, misconfigured
 from proctor.job.process import Exit, ProcessRunner, Spawn
 from proctor.progress import Progress
 
-MAX_ATTEMPTS = 2  # one retry on a nonzero exit
+MAX_ATTEMPTS = 2  # one retry on a nonzero exit, unless the adapter declares retry = false
 
 BLOCKED_MARKERS = ("Read-only file system", "Permission denied", "Operation not permitted", "proctor-landlock:")
 
@@ -34,6 +35,8 @@ class Outcome:
     retry_after: str | None = None
     reading: Reading = field(default_factory=Reading)
     cleanup: str = "none"
+    # An HTTP status the CLI's protocol reported for the run that decided the outcome (never read from prose).
+    backend: Backend | None = None
 
 
 def blocked_line(ex: Exit) -> str | None:
@@ -65,7 +68,8 @@ def run_attempts(
     patterns = Patterns.build(spec.rate_limit_patterns, spec.approval_patterns)
     deadline = time.monotonic() + timeout_s
     last: Exit | None = None
-    for attempt in range(1, MAX_ATTEMPTS + 1):
+    tries = MAX_ATTEMPTS if spec.retry else 1
+    for attempt in range(1, tries + 1):
         progress.phase(f"running {spec.name} (attempt {attempt})")
         watcher = WATCHERS[spec.output]() if spec.output in WATCHERS else None
         last = runner.run(Spawn(
@@ -81,12 +85,16 @@ def run_attempts(
         _note_side_effects(out, last, confined)
         if _decided(out, last, patterns, spec, timeout_s):
             break
-        if attempt < MAX_ATTEMPTS and deadline - time.monotonic() > 1:
+        if attempt < tries and deadline - time.monotonic() > 1:
             out.risks.append(f"agent exited {last.exit_code}; retried once in the same worktree")
             continue
         out.status, out.code = Status.failed, Code.AGENT_FAILED
-        out.risks.append(f"agent exited {last.exit_code} on attempt {attempt} of {MAX_ATTEMPTS}"
-                         + ("" if attempt == MAX_ATTEMPTS else "; no time left for a retry"))
+        if not spec.retry:
+            out.risks.append(f"agent exited {last.exit_code}; not retried: adapter {spec.name!r} declares "
+                             "retry = false")
+        else:
+            out.risks.append(f"agent exited {last.exit_code} on attempt {attempt} of {tries}"
+                             + ("" if attempt == tries else "; no time left for a retry"))
         break
     if out.status is Status.rate_limited:
         out.retry_after = out.retry_after or out.reading.retry_after
@@ -134,23 +142,40 @@ def _decided(out: Outcome, ex: Exit, patterns: Patterns, spec: AdapterSpec, time
         return True
     if reason.startswith("rate_limit_event"):
         out.status, out.code = Status.rate_limited, Code.RATE_LIMITED
+        out.backend = Backend(429, "rate_limit_event (status rejected)")
         out.risks.append(f"the CLI reported {reason}; the host ended the run (no retry)")
         return True
     if reason:
         out.status, out.code = Status.failed, Code.AGENT_FAILED
         out.risks.append(f"the host ended the run: {reason}")
         return True
+    out.backend = out.reading.backend if ex.exit_code != 0 else None  # a retry that exited 0 answered
     if ex.exit_code == 0:
         out.status, out.code = Status.completed, Code.OK
         return True
+    if out.backend is not None and out.backend.status == 429:
+        out.status, out.code = Status.rate_limited, Code.RATE_LIMITED
+        out.risks.append(f"agent exited {ex.exit_code} and the CLI reported HTTP 429 ({out.backend.source}): "
+                         "rate_limited; not retried")
+        return True
     # stderr and the CLI's own error events only, never the model's prose: a failed run on "implement the
     # rate limiter" must not read as rate limited (found in review). Text CLIs report all of stdout.
-    verdict = classify(ex.exit_code, ex.stderr.decode("utf-8", "replace") + "\n" + out.reading.error_text, patterns)
+    text = ex.stderr.decode("utf-8", "replace") + "\n" + out.reading.error_text
+    verdict = classify(ex.exit_code, text, patterns)
     if verdict.status is not None:
         out.status = verdict.status
         out.code = Code.RATE_LIMITED if verdict.status is Status.rate_limited else Code.APPROVAL_REQUIRED
         out.retry_after = verdict.retry_after
         out.risks.append(f"agent exited {ex.exit_code} and its output matched {verdict.matched!r}: "
                          f"{verdict.status.value}; not retried")
+        return True
+    said = misconfigured(ex.exit_code, text, spec.misconfigured_exit_codes)
+    if said is None and out.backend is not None and out.backend.status in (401, 403):
+        said = f"HTTP {out.backend.status} ({out.backend.source})"
+    if said is not None:
+        # The same login, key or auth type fails the same way again: never retried, the CLI's words shown.
+        out.status, out.code = Status.failed, Code.AGENT_MISCONFIGURED
+        out.reading = replace(out.reading, summary=f"{spec.name} cannot run as configured: {said}")
+        out.risks.append(f"agent exited {ex.exit_code}: the CLI cannot run as configured ({said}); not retried")
         return True
     return False

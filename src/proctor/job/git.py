@@ -110,7 +110,8 @@ def git(
         full_env["GIT_INDEX_FILE"] = str(index_file)
     full_env.update(env or {})
     try:
-        p = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, timeout=timeout,
+        # A group of its own: a terminal's Ctrl-C is the CLI's to turn into CANCELLED, not a git failure.
+        p = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, timeout=timeout, process_group=0,
                            **({"input": input_bytes} if input_bytes is not None else {"stdin": subprocess.DEVNULL}))
     except FileNotFoundError:
         return GitResult(127, b"", "git is not installed")

@@ -504,7 +504,7 @@ def _setup(job: _Job, wt: worktree.Worktree, runner: ProcessRunner, env: dict[st
             step_env.update(wrapped.env)  # the proxy's variables, when it has a network
         run = validate.run(validate.Plan(tuple(steps)), runner, cwd=wt.path, env=step_env,
                            timeout_s=job.config.validate_timeout, name=f"setup-{job.job_id}", poll=_poll(job),
-                           log=validation_log(job.job_id))
+                           log=validation_log(job.job_id), watch=job.progress.watch(None))
     finally:
         if proxy is not None:
             proxy.stop()
@@ -736,4 +736,5 @@ def _run_validation(job: _Job, plan: validate.Plan, jenv: environment.JobEnviron
         job.ledger.append("job.probe", {"jobId": job.job_id, "found": found, "risks": probe_risks},
                           job_id=job.job_id)
     return validate.run(confined[0], job.runner, cwd=job.work, env=run_env, timeout_s=job.config.validate_timeout,
-                        name=f"{name}-{job.job_id}", poll=_poll(job), log=validation_log(job.job_id))
+                        name=f"{name}-{job.job_id}", poll=_poll(job), log=validation_log(job.job_id),
+                        watch=job.progress.watch(None))

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from proctor.job.process import Poll, ProcessRunner, Spawn
+from proctor.job.process import Poll, ProcessRunner, Spawn, Watch
 
 VALIDATE_TIMEOUT_S = 900
 OUTPUT_TAIL_BYTES = 64 * 1024
@@ -134,6 +134,7 @@ def run(
     name: str = "validate",
     poll: Poll | None = None,
     log: Path | None = None,
+    watch: Watch | None = None,
 ) -> Run:
     """Run each step in order under one shared deadline; stop at the first failure. Each step's output is
     appended to `log` (what the runner kept of it: its per-stream tail) and its tail kept in the attempt."""
@@ -143,7 +144,8 @@ def run(
         if budget <= 0:
             attempts.append(Attempt(step.label, None, True))
             break
-        ex = runner.run(Spawn(argv=step.argv, cwd=cwd, env=env, deadline_s=budget, name=f"{name}-{i}", poll=poll))
+        ex = runner.run(Spawn(argv=step.argv, cwd=cwd, env=env, deadline_s=budget, name=f"{name}-{i}", poll=poll,
+                              watch=watch))
         budget -= ex.duration_s
         attempts.append(Attempt(step.label, ex.exit_code, ex.timed_out, ex.duration_s, _tail(ex.stdout, ex.stderr),
                                 ex.stdout_dropped + ex.stderr_dropped))

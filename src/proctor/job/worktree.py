@@ -95,13 +95,26 @@ def resolve_base(repo: Repo, ref: str) -> Base | Failure:
     return Base(ref, res.text)
 
 
+def filter_drivers(repo: Repo) -> list[str]:
+    """The filter drivers the main repo's config names: content git would run a program for (clean/smudge),
+    which host-side git in the main checkout never does."""
+    res = git(["config", "--name-only", "--get-regexp", r"^filter\..*\.(clean|smudge|process)$"], cwd=repo.path)
+    if not res.ok:
+        return []
+    return sorted({k[len("filter."):k.rindex(".")] for k in res.text.splitlines() if k.count(".") >= 2})
+
+
 def checkout_risks(repo: Repo, base: Base, most: int = 5) -> list[str]:
     """What a reviewer of a job on `base` needs to know of the main checkout, read before the agent runs:
     uncommitted changes (the job never sees them) and a base behind the branch the checkout is on."""
     risks: list[str] = []
+    drivers = filter_drivers(repo)
     st = git(["status", "--porcelain=v1", "-z", "--untracked-files=normal", "--ignore-submodules=dirty"],
-             cwd=repo.path)
-    if st.ok:
+             cwd=repo.path) if not drivers else None
+    if drivers:
+        risks.append(f"the main checkout's uncommitted changes were not looked for: its config names filter "
+                     f"drivers ({', '.join(drivers)}), which proctor never runs")
+    elif st is not None and st.ok:
         names: list[str] = []
         entries = iter(st.out.decode("utf-8", "replace").split("\0"))
         for e in entries:

@@ -1,0 +1,141 @@
+"""A job's host-side record: the files proctor keeps of each run_agent job under $PROCTOR_HOME/jobs/<jobId>/.
+
+Owns three files and reading them back:
+
+    host.json      written as the job starts: the host's pid, that process's start time and the boot id,
+                   so a later reader tells a job that is still running from one whose host died
+    result.json    written as the job ends: the result JSON exactly as `run-agent` printed it
+    request.json   beside it: the request it answered (the validation command `land` runs again)
+
+They live under $PROCTOR_HOME, which no confined agent can read (README "Confinement"); the ledger, not
+these files, is the authority on a job's commit (`job.tree`), so a reader checks one against the other.
+Writing never raises into the job path: a file that cannot be written costs `show` and `land` their
+detail (land then refuses), never the job. It never decides anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from proctor.home import proctor_home
+
+JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+MAX_RECORD_BYTES = 64 * 1024 * 1024  # a result holds output tails (64 KB a command): far below this
+
+
+def safe_job_id(job_id: object) -> bool:
+    """A job id fit to be a path component (ids come from ledger rows, which a queue's signer shaped)."""
+    return isinstance(job_id, str) and bool(JOB_ID_RE.fullmatch(job_id)) and ".." not in job_id
+
+
+def job_dir(job_id: str) -> Path:
+    if not safe_job_id(job_id):
+        raise ValueError(f"job id {job_id!r} is not [A-Za-z0-9._-]+")
+    return proctor_home() / "jobs" / job_id
+
+
+def _write(path: Path, text: str) -> str | None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        return f"cannot write {path}: {exc}"
+    return None
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _start_ticks(pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat (start time in clock ticks since boot): a reused pid has another."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+        return int(raw[raw.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def started(job_id: str) -> str | None:
+    """Called by the host right after the job's `job.start` row; None, or why host.json was not written."""
+    try:
+        path = job_dir(job_id) / "host.json"
+    except ValueError as exc:
+        return str(exc)
+    pid = os.getpid()
+    return _write(path, json.dumps({"pid": pid, "start_ticks": _start_ticks(pid), "boot_id": _boot_id()}))
+
+
+def ended(request: Any, result: Any) -> str | None:
+    """Called by the host after the job's `job.end` row: the result JSON and the request, as files."""
+    try:
+        d = job_dir(result.job_id)
+    except ValueError as exc:
+        return str(exc)
+    req = request.model_dump(mode="json", by_alias=True) if hasattr(request, "model_dump") else dict(request)
+    return _write(d / "request.json", json.dumps(req, indent=2)) or _write(d / "result.json", result.to_json())
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                return None
+            data = fh.read(MAX_RECORD_BYTES + 1)
+    except OSError:
+        return None
+    if len(data) > MAX_RECORD_BYTES:
+        return None
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+@dataclass(frozen=True)
+class Record:
+    """What the host kept of one job; a missing or unreadable file is None."""
+
+    result: dict[str, Any] | None
+    request: dict[str, Any] | None
+    host: dict[str, Any] | None
+
+    def host_alive(self) -> bool | None:
+        """True while the process that ran the job lives; False once it died (or the machine rebooted);
+        None when host.json was never written (a job from before it, or a write that failed)."""
+        h = self.host
+        if not h or not isinstance(h.get("pid"), int):
+            return None
+        boot = _boot_id()
+        if h.get("boot_id") and boot and h["boot_id"] != boot:
+            return False
+        ticks = _start_ticks(h["pid"])
+        if ticks is None:
+            return False
+        return h.get("start_ticks") in (None, ticks)
+
+
+def load(job_id: str) -> Record:
+    try:
+        d = job_dir(job_id)
+    except ValueError:
+        return Record(None, None, None)
+    return Record(_read_json(d / "result.json"), _read_json(d / "request.json"), _read_json(d / "host.json"))
