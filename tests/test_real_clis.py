@@ -161,7 +161,7 @@ def drive(name: str, prompt: str, root: Path, mutate: Callable[[list[str]], list
     wt = linked_worktree(root)
     home = root / "home"
     home.mkdir()
-    env = {**offline_env(home), **spec.env}
+    env = {**offline_env(home), **spec.env_under(str(home))}
     inv = build(spec, prompt, wt, None, env)
     assert isinstance(inv, Invocation), inv
     argv = list(inv.argv)
@@ -338,7 +338,7 @@ def test_gemini_sends_our_dashed_prompt_verbatim_to_its_model_api(tmp_path):
             json.dumps({"security": {"auth": {"selectedType": "gemini-api-key"}}}))
         spec = builtin_agents()["gemini"]
         wt = linked_worktree(tmp_path)
-        env = {**offline_env(home), **spec.env, "GEMINI_API_KEY": "not-a-real-key",
+        env = {**offline_env(home), **spec.env_under(str(home)), "GEMINI_API_KEY": "not-a-real-key",
                "GOOGLE_GEMINI_BASE_URL": model.url, "NO_PROXY": LOOPBACK, "no_proxy": LOOPBACK}
         inv = build(spec, DASHED, wt, None, env)
         assert isinstance(inv, Invocation)
@@ -382,7 +382,7 @@ def test_grok_sends_our_dashed_prompt_verbatim_to_its_model_api(tmp_path):
         home.mkdir()
         spec = builtin_agents()["grok"]
         wt = linked_worktree(tmp_path)
-        env = {**offline_env(home), **spec.env, "GROK_API_KEY": "not-a-real-key", "GROK_BASE_URL": f"{model.url}/v1",
+        env = {**offline_env(home), **spec.env_under(str(home)), "GROK_API_KEY": "not-a-real-key", "GROK_BASE_URL": f"{model.url}/v1",
                "NO_PROXY": LOOPBACK, "no_proxy": LOOPBACK}
         inv = build(spec, DASHED, wt, None, env)
         assert isinstance(inv, Invocation)
@@ -492,7 +492,7 @@ def no_process_left_in(wt: Path) -> list[str]:
 
 @pytest.mark.parametrize("confine", ["off", "auto"])
 @pytest.mark.parametrize("name", ["claude", "gemini", "grok"])
-def test_host_ends_real_offline_cli_failed_after_one_retry(tmp_path, monkeypatch, name, confine):
+def test_host_ends_real_offline_cli_misconfigured_without_a_retry(tmp_path, monkeypatch, name, confine):
     """Unconfined and under the machine's strongest confinement: the real CLI must still fail on auth,
     not on a state file its confinement hid from it."""
     installed(name)
@@ -504,8 +504,9 @@ def test_host_ends_real_offline_cli_failed_after_one_retry(tmp_path, monkeypatch
                     config=config)
     assert (res.confinement == "none") is (confine == "off"), res.confinement
     want = EXPECT[name].exit_codes
-    assert res.status is Status.failed and res.code is Code.AGENT_FAILED, res
-    assert res.attempts == 2 and len(res.exit_codes) == 2 and set(res.exit_codes) <= set(want), res.exit_codes
+    # Not logged in / no key: the CLI cannot run as configured, which a retry would not change.
+    assert res.status is Status.failed and res.code is Code.AGENT_MISCONFIGURED, res
+    assert res.attempts == 1 and len(res.exit_codes) == 1 and set(res.exit_codes) <= set(want), res.exit_codes
     assert res.claimed_status != "completed" and EXPECT[name].failure.search(res.summary), res
     assert res.agent_version == VERSIONS[name], res.agent_version  # the cached CLI ran, not another on PATH
     assert res.needs_human_review

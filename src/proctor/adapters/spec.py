@@ -108,9 +108,13 @@ class AdapterSpec(BaseModel):
             raise ValueError(f"{', '.join(unused)} takes no effect on this adapter: none of its endpoint_args or "
                              "endpoint_env uses it" + (" (with the keys set)" if groups or templates else ""))
         env = {k: _fill(v, values) for k, v in templates.items() if set(_ENDPOINT_RE.findall(v)) <= values.keys()}
-        if env:
-            data = {**data, "env": {**(data.get("env") if isinstance(data.get("env"), dict) else {}), **env}}
+        if env and isinstance(data.get("env") or {}, dict):
+            data = {**data, "env": {**(data.get("env") or {}), **env}}
         return data
+
+    def env_under(self, home: str) -> dict[str, str]:
+        """`env` with a value "~" or "~/x" made one under `home`, the agent's HOME (as state_dirs are)."""
+        return {k: home + v[1:] if v == "~" or v.startswith("~/") else v for k, v in self.env.items()}
 
     def endpoint_command(self) -> tuple[str, ...]:
         """`command` with the `endpoint_args` groups whose keys are set, before its first option."""

@@ -175,7 +175,9 @@ def _decided(out: Outcome, ex: Exit, patterns: Patterns, spec: AdapterSpec, time
     if said is not None:
         # The same login, key or auth type fails the same way again: never retried, the CLI's words shown.
         out.status, out.code = Status.failed, Code.AGENT_MISCONFIGURED
-        out.reading = replace(out.reading, summary=f"{spec.name} cannot run as configured: {said}")
+        own = out.reading.summary.strip()  # the CLI's own message, when its reader found one: shown too
+        detail = said if not own or own in said else f"{said}: {own}"
+        out.reading = replace(out.reading, summary=f"{spec.name} cannot run as configured: {detail}")
         out.risks.append(f"agent exited {ex.exit_code}: the CLI cannot run as configured ({said}); not retried")
         return True
     return False

@@ -204,11 +204,10 @@ def _admit_and_run(request, config, runner, progress, cancel, job_id, ledger, st
 
 
 def _agent_env(job: _Job, wt_path: Path) -> dict[str, str]:
-    env = {**unredirected_env(), **job.spec.env, "PROCTOR_JOB_ID": job.job_id, "PROCTOR_WORKTREE": str(wt_path),
-           "TMPDIR": str(job.agent_tmp)}
+    base = {**unredirected_env(), **job.spec.env}
     # An adapter's `env` value "~/x" is under the agent's HOME, as its state_dirs are (CLAUDE_CONFIG_DIR).
-    home = env.get("HOME") or str(Path.home())
-    return {k: (home + v[1:] if k in job.spec.env and (v == "~" or v.startswith("~/")) else v) for k, v in env.items()}
+    return {**base, **job.spec.env_under(base.get("HOME") or str(Path.home())), "PROCTOR_JOB_ID": job.job_id,
+            "PROCTOR_WORKTREE": str(wt_path), "TMPDIR": str(job.agent_tmp)}
 
 
 def _run(job: _Job, breaker: Breaker) -> RunAgentResult:
