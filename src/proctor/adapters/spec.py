@@ -61,7 +61,7 @@ class AdapterSpec(BaseModel):
     misconfigured_exit_codes: tuple[int, ...] = ()
     # network = true: the agent's network is the host's egress proxy (proctor.confine.egress), which lets a
     # CONNECT through only to an `egress` entry, "host[:port]" (port 443 unless given); a declared name that
-    # resolves to a loopback or private address is refused, a declared IP literal ("127.0.0.1:11434", a
+    # resolves to a loopback or private address is refused, a declared IP literal ("127.0.0.1:8443", a
     # local model gateway) is the operator's explicit choice. network = true with no egress reaches nothing,
     # and the result's gaps say so. network = false: no network at all (the proxy is not even bound in).
     network: bool = True

@@ -27,7 +27,7 @@ from proctor.breaker import Breaker, evidence_for
 from proctor.config import Config, ConfigError, load_config
 from proctor.confine.egress import EgressProxy
 from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status
-from proctor.job import cgroup, environment, frozen, landing, validate, worktree
+from proctor.job import cgroup, environment, frozen, landing, record, validate, worktree
 from proctor.job.agent_version import VERSION_TIMEOUT_S, agent_version, executable, inside
 from proctor.job.attempts import run_attempts
 from proctor.job.cgroup import Limits
@@ -36,7 +36,6 @@ from proctor.job.process import Limited, LocalRunner, ProcessRunner, Spawn
 from proctor.home import proctor_home
 from proctor.ledger import Ledger, LedgerError, LedgerFull
 from proctor.progress import NullProgress, Progress
-from proctor.review import record
 from proctor.stop import StopSwitch
 
 PYTEST_NO_TESTS = 5

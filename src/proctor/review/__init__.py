@@ -1,7 +1,5 @@
 """The review surface: a person's verbs on jobs that ended (DESIGN.md 9).
 
-    record   the host-side files of a job under $PROCTOR_HOME/jobs/<jobId>/ (written by the host as a job
-             starts and ends; read by everything below)
     jobs     the jobs the ledger knows, their state, one job's full record (`jobs`, `show`)
     diff     the job's commit against its base, computed in a git dir the host made (`diff`)
     land     moving a target branch of the main repo to a validated job's work (`land`)
@@ -12,5 +10,6 @@ Every verb is a ledger row; none runs code the repo or the agent controls (hooks
 re-validation runs the job's own validation, confined as the host confined it. Outcomes cross into the
 CLI as values with a stable code (`outcome.Code`), never as exceptions.
 
-Importing this package loads nothing: the host imports `proctor.review.record` from its job path.
+It reads the job records the host writes as a job starts and ends (`proctor.job.record`:
+$PROCTOR_HOME/jobs/<jobId>/) and the ledger, which stays the authority.
 """

@@ -7,7 +7,7 @@ a `wt/<jobId>/...` branch and a linked-worktree registration in the main repo. T
 never touched: a job borrows them through alternates and never the other way round, so removing a job
 cannot break the main repo (`git fsck` stays clean; `land` copied in whatever it needed).
 
-A running job is never removed: its host is alive (proctor.review.record). An interrupted job whose host
+A running job is never removed: its host is alive (proctor.job.record). An interrupted job whose host
 died is abandoned; one with no host record (from before it) counts as abandoned once older than any job
 can run. Each removal is a `review.discard` row (`by`: discard or gc), written ahead as
 `review.discard.start`; gc adds one `review.gc` row. It never follows a symlink out of a job's dir.
@@ -25,7 +25,7 @@ from typing import Any
 from proctor.job import worktree
 from proctor.job.git import git
 from proctor.ledger import Ledger, LedgerError
-from proctor.review import record
+from proctor.job import record
 from proctor.review.jobs import Job, load_jobs, parse_ts
 from proctor.review.outcome import Code, Outcome, refuse
 

@@ -1,7 +1,7 @@
 """The jobs the ledger knows, as a person reviews them (`proctor jobs`), and one job's whole record (`show`).
 
 Owns reading a job back: its `job.start`, `job.end` and `job.tree` rows, the review verbs' own rows
-(`review.land`, `review.discard`), and the host's record (proctor.review.record). From them: its status
+(`review.land`, `review.discard`), and the host's record (proctor.job.record). From them: its status
 (the end row's, else `running` while its host lives and `interrupted` once that died), its review state
 (`open`, `landed`, `discarded`), and where its worktree is — derived from the start row's repo and the job
 id when no end row names it (a job interrupted before its end row still has a worktree to review).
@@ -19,7 +19,7 @@ from typing import Any
 
 from proctor.job import worktree
 from proctor.ledger import Ledger, Row
-from proctor.review import record
+from proctor.job import record
 from proctor.review.outcome import Code, Outcome, refuse
 
 GATE_KINDS = ("gate.decision", "gate.refusal", "egress.decision")

@@ -32,7 +32,7 @@ from proctor.config import Config
 from proctor.job import environment, frozen, landing, validate, worktree
 from proctor.job.git import unredirected_env
 from proctor.job.process import LocalRunner, ProcessRunner
-from proctor.review import record
+from proctor.job import record
 
 PYTEST_NO_TESTS = 5
 
