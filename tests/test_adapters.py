@@ -48,8 +48,12 @@ def test_builtin_adapter_argv_cwd_stdin_and_output(repo, fake, name):
     wt = res.worktree_path
     # The argv itself is checked against the real CLIs (test_real_clis.py); here: the host passes exactly
     # the declared template, placeholders filled, the workspace where the CLI reads it.
-    template = builtin_agents()[name].command
+    spec = builtin_agents()[name]
+    # A gated CLI gets its gate's install args (the job's own settings file) before its first option.
+    gate = [a.replace("{gate_settings}", str(Path(res.gate["settings"]))) for a in spec.gate_args] if spec.gate else []
+    template = [spec.command[0], *gate, *spec.command[1:]]
     assert call["argv"][1:] == [a.replace("{worktree}", wt).replace("{prompt}", "the task") for a in template[1:]]
+    assert res.gate["gated"] is bool(spec.gate)
     assert call["cwd"] == wt
     prompt_on_stdin = builtin_agents()[name].prompt == "stdin"
     assert call["stdin_devnull"] is (not prompt_on_stdin)

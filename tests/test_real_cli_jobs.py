@@ -138,11 +138,12 @@ class Job:
                 f"\nstderr: {self.stderr[-1500:]}")
 
 
-def run_job(case: str, tmp_path: Path, fail: int | None = None) -> Job:
+def run_job(case: str, tmp_path: Path, fail: int | None = None, extra: tuple[str, ...] = (),
+            files: dict[str, str] | None = None) -> Job:
     cli = CLIS[case]
     name = cli.name
     need(cli)
-    repo = make_repo(tmp_path, {"README.md": "hello\n", "main.py": "print('hi')\n"})
+    repo = make_repo(tmp_path, {"README.md": "hello\n", "main.py": "print('hi')\n", **(files or {})})
     home = Path(os.environ["HOME"])  # the test's own (conftest): the agent's HOME and its state dirs
     proctor_home = Path(os.environ["PROCTOR_HOME"])
     model = ScriptedModel(tmp_path / "model", ACTION, fail=fail, log_file=tmp_path / "model.jsonl")
@@ -166,7 +167,7 @@ def run_job(case: str, tmp_path: Path, fail: int | None = None) -> Job:
     env.update(cli.host_env, PATH=os.pathsep.join(dict.fromkeys(path)))
     before = repo_state(repo)
     argv = [*proctor_cmd(), "run-agent", "--agent", name, "--task", TASK, "--repo", str(repo), "--ticket", "T-1",
-            "--confine", "required", "--validate-cmd", "true", "--timeout", "60", "--config", str(config)]
+            "--confine", "required", "--validate-cmd", "true", "--timeout", "60", "--config", str(config), *extra]
     with model:
         start = time.monotonic()
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=150)

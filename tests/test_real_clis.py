@@ -162,7 +162,11 @@ def drive(name: str, prompt: str, root: Path, mutate: Callable[[list[str]], list
     home = root / "home"
     home.mkdir()
     env = {**offline_env(home), **spec.env_under(str(home))}
-    inv = build(spec, prompt, wt, None, env)
+    settings = None
+    if spec.gate:  # the gate's install args as a job has them (an empty settings file: no hook needed offline)
+        settings = root / "gate-settings.json"
+        settings.write_text("{}")
+    inv = build(spec, prompt, wt, None, env, gate_settings=str(settings) if settings else None)
     assert isinstance(inv, Invocation), inv
     argv = list(inv.argv)
     argv[0] = str(BIN / argv[0])  # exactly our argv, with the executable pinned to the cache
@@ -239,7 +243,7 @@ def test_claude_got_our_prompt_workspace_and_permission_mode(runs):
         run = runs("claude", key)
         events = [json.loads(ln) for ln in run.exit.stdout.decode().splitlines() if ln.startswith("{")]
         init = next(e for e in events if e.get("type") == "system" and e.get("subtype") == "init")
-        assert init["permissionMode"] == "acceptEdits" and init["cwd"] == str(run.worktree), init
+        assert init["permissionMode"] == "dontAsk" and init["cwd"] == str(run.worktree), init
         result = next(e for e in events if e.get("type") == "result")
         assert result["is_error"] is True and "Not logged in" in result["result"], result
         users = [e for e in transcript_events(run.home, ".claude/projects/*/*.jsonl") if e.get("type") == "user"]

@@ -53,6 +53,7 @@ class Code(StrEnum):
     TAMPERED = "TAMPERED"  # the agent left something the host refuses to read (a FIFO, a device, ...)
     RESOURCE_LIMIT = "RESOURCE_LIMIT"  # killed at a per-job limit (memory, pids, disk); never retried
     AGENT_MISCONFIGURED = "AGENT_MISCONFIGURED"  # the CLI cannot run as configured (login, key, auth type)
+    BYPASS = "BYPASS"  # the CLI made a tool call its gate hook never decided (hooks not loaded, or skipped)
     DISK_FULL = "DISK_FULL"  # the ledger's filesystem is full: the job was not run, or its record is incomplete
 
 
@@ -82,6 +83,10 @@ class RunAgentRequest(BaseModel):
     validate_command: str | None = Field(default=None, alias="validateCommand")
     # Additive: confinement policy for this job ("auto" | "required" | "off"); None = the config's.
     confine: str | None = None
+    # Additive: the declared task (AgentTask's shape, as `proctor check-task` reads it) every tool call of the
+    # agent's CLI is decided against; its workspace is the job's worktree whatever it names. None: a default
+    # declaration from the job (the CLI's tools, files and shell in the worktree, network per the adapter).
+    task_decl: dict[str, Any] | None = Field(default=None, alias="taskDecl")
 
     @field_validator("task")
     @classmethod
@@ -171,6 +176,9 @@ class RunAgentResult(BaseModel):
     # The breaker's view of this run: the pool it is kept for, the signal the run gave it and what the host
     # read that from (an exit, the deadline, an HTTP status in a field of the CLI's protocol; never prose).
     breaker: dict[str, Any] | None = None
+    # The gate's view of the agent's own tool calls: gated (false: the CLI has no hook proctor can use),
+    # the CLI, armed, calls decided, refused, by code. Each call is a `gate.call` ledger row.
+    gate: dict[str, Any] | None = None
     # Each validation command the host ran: label, exit_code, timed_out, duration_s, output_tail (64 KB),
     # output_dropped; the whole output is in `validation_log` (a file under $PROCTOR_HOME).
     validation: list[dict[str, Any]] = Field(default_factory=list)

@@ -59,6 +59,11 @@ class AdapterSpec(BaseModel):
     # Exit codes that mean the CLI cannot run as configured (gemini: 41 auth, 52 config): AGENT_MISCONFIGURED,
     # never retried, like its measured texts ("Not logged in", "Invalid auth method selected").
     misconfigured_exit_codes: tuple[int, ...] = ()
+    # The CLI's hook dialect (proctor.job.gatekeeper): every tool call it makes is asked of proctor's gate
+    # first. `gate_args` install the hook for one job ({gate_settings}: a file outside the worktree). None:
+    # the CLI has no hook proctor can use; its jobs are UNGATED (confinement alone protects them).
+    gate: Literal["claude"] | None = None
+    gate_args: tuple[str, ...] = ()
     # network = true: the agent's network is the host's egress proxy (proctor.confine.egress), which lets a
     # CONNECT through only to an `egress` entry, "host[:port]" (port 443 unless given); a declared name that
     # resolves to a loopback or private address is refused, a declared IP literal ("127.0.0.1:8443", a
@@ -204,9 +209,11 @@ class Refused:
 
 
 def build(
-    spec: AdapterSpec, prompt: str, worktree: Path, prompt_file: Path | None, env: dict[str, str]
+    spec: AdapterSpec, prompt: str, worktree: Path, prompt_file: Path | None, env: dict[str, str],
+    gate_settings: str | None = None,
 ) -> Invocation | Refused:
-    """The argv for one job. An argv prompt past its cap is refused, never truncated."""
+    """The argv for one job (with `gate_args` before its first option when `gate_settings` is given). An argv
+    prompt past its cap is refused, never truncated."""
     data = prompt.encode("utf-8")
     if spec.prompt == "argv" and "\0" in prompt:
         return Refused("the task contains a NUL byte, which no argv can carry; use a stdin or file adapter",
@@ -222,8 +229,12 @@ def build(
                 "(refused, not truncated: use a stdin or file adapter for larger tasks)", "PROMPT_TOO_LARGE"
             )
     values = {"{prompt}": prompt, "{worktree}": str(worktree), "{prompt_file}": str(prompt_file or "")}
-    argv = tuple(_PLACEHOLDER_RE.sub(lambda m: values.get(m.group(0), m.group(0)), t)
-                 for t in spec.endpoint_command())
+    command = spec.endpoint_command()
+    if gate_settings is not None and spec.gate_args:
+        at = next((i for i, t in enumerate(command) if i and t.startswith("-")), len(command))
+        command = (*command[:at], *(t.replace("{gate_settings}", gate_settings) for t in spec.gate_args),
+                   *command[at:])
+    argv = tuple(_PLACEHOLDER_RE.sub(lambda m: values.get(m.group(0), m.group(0)), t) for t in command)
     for token in argv:
         if len(token.encode("utf-8")) + 1 > max_arg_strlen():
             return Refused(f"an argument of {len(token.encode())} bytes exceeds the platform's "

@@ -6,6 +6,7 @@ one human line on stderr beside the JSON, and turning SIGINT/SIGTERM into the ho
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -28,7 +29,8 @@ EXIT_CANCELLED = 130
 # Request fields (wire and Python names) as the flags a user typed.
 FLAGS = {"agent": "--agent", "task": "--task", "repo": "--repo", "ticket": "--ticket", "branch": "--branch",
          "mode": "--mode", "timeoutSec": "--timeout", "timeout_sec": "--timeout", "validateCommand": "--validate-cmd",
-         "validate_command": "--validate-cmd", "confine": "--confine"}
+         "validate_command": "--validate-cmd", "confine": "--confine", "taskDecl": "--task-decl",
+         "task_decl": "--task-decl"}
 REQUIRED = {"task": "--task or --task-file"}
 
 
@@ -119,7 +121,10 @@ def emit(result: RunAgentResult, progress: RichProgress | NullProgress | None = 
 @click.option("--validate-cmd", help="Shell command run in the worktree instead of autodetected tests.")
 @click.option("--confine", type=click.Choice(["auto", "required", "off"]), help="Confinement policy (default: config's).")
 @click.option("--config", "config_file", help="Config TOML (else $PROCTOR_CONFIG, else $PROCTOR_HOME/config.toml).")
-def run_agent_cmd(agent, task, task_file, repo, ticket, branch, mode, timeout, validate_cmd, confine, config_file) -> None:
+@click.option("--task-decl", "task_decl", help="A declared task (JSON, as check-task reads it) every tool call of "
+                                               "the agent's CLI is decided against (default: derived from the job).")
+def run_agent_cmd(agent, task, task_file, repo, ticket, branch, mode, timeout, validate_cmd, confine, config_file,
+                  task_decl) -> None:
     """Have an agent do a task in a fresh worktree; print the v1 result JSON (exit 0 only if completed,
     130 when SIGINT or SIGTERM cancelled it)."""
     start = time.monotonic()
@@ -142,6 +147,14 @@ def run_agent_cmd(agent, task, task_file, repo, ticket, branch, mode, timeout, v
             why = getattr(exc, "strerror", None) or str(exc)
             emit(refused(raw, [f"task file {task_file!r} cannot be read: {why}"], Code.TASK_UNREADABLE, start))
     raw["task"] = task
+    if task_decl is not None:
+        try:
+            with open(task_decl, encoding="utf-8") as fh:
+                raw["taskDecl"] = json.load(fh)
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            why = getattr(exc, "strerror", None) or str(exc)
+            emit(refused(raw, [f"invalid request: --task-decl {task_decl!r} cannot be read as JSON: {why}"],
+                         Code.INVALID_REQUEST, start))
     try:
         # An absent flag is left out, not None: pydantic then says "missing", which names the flag.
         request = RunAgentRequest.model_validate({k: v for k, v in raw.items() if v is not None})

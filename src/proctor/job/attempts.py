@@ -17,7 +17,7 @@ from proctor.adapters.output import READERS, WATCHERS, Backend, Reading
 from proctor.adapters.spec import AdapterSpec
 from proctor.contract import Code, Status
 from proctor.job.classify import Patterns, classify, misconfigured
-from proctor.job.process import Exit, ProcessRunner, Spawn
+from proctor.job.process import Exit, ProcessRunner, Spawn, Watch
 from proctor.progress import Progress
 
 MAX_ATTEMPTS = 2  # one retry on a nonzero exit, unless the adapter declares retry = false
@@ -62,6 +62,7 @@ def run_attempts(
     term_grace_s: float,
     name: str,
     confined: bool,
+    watch: Watch | None = None,
 ) -> Outcome:
     """Run the agent; the deadline is the job's, shared by both attempts (a retry gets what is left)."""
     out = Outcome()
@@ -71,7 +72,7 @@ def run_attempts(
     tries = MAX_ATTEMPTS if spec.retry else 1
     for attempt in range(1, tries + 1):
         progress.phase(f"running {spec.name} (attempt {attempt})")
-        watcher = WATCHERS[spec.output]() if spec.output in WATCHERS else None
+        watcher = _both(WATCHERS[spec.output]() if spec.output in WATCHERS else None, watch)
         last = runner.run(Spawn(
             argv=argv, cwd=cwd, env=env, deadline_s=max(0.0, deadline - time.monotonic()), stdin=stdin,
             watch=progress.watch(watcher), poll=poll, name=f"{name}-{attempt}", term_grace_s=term_grace_s,
@@ -140,6 +141,10 @@ def _decided(out: Outcome, ex: Exit, patterns: Patterns, spec: AdapterSpec, time
         out.risks.append(f"agent killed at a resource limit (whole tree, by {ex.cleanup}): "
                          f"{reason.removeprefix('resource_limit: ')}; not retried")
         return True
+    if reason.startswith("bypass"):
+        out.status, out.code = Status.failed, Code.BYPASS
+        out.risks.append(f"the host ended the run: {reason} (its hooks were not loaded); not retried")
+        return True
     if reason.startswith("rate_limit_event"):
         out.status, out.code = Status.rate_limited, Code.RATE_LIMITED
         out.backend = Backend(429, "rate_limit_event (status rejected)")
@@ -181,3 +186,14 @@ def _decided(out: Outcome, ex: Exit, patterns: Patterns, spec: AdapterSpec, time
         out.risks.append(f"agent exited {ex.exit_code}: the CLI cannot run as configured ({said}); not retried")
         return True
     return False
+
+
+def _both(first: Watch | None, second: Watch | None) -> Watch | None:
+    """One watch for the runner: the output reader's and the gate's, either may end the run."""
+    if first is None or second is None:
+        return first or second
+
+    def watch(stream: str, chunk: bytes) -> str | None:
+        return first(stream, chunk) or second(stream, chunk)
+
+    return watch

@@ -13,8 +13,11 @@ import dataclasses
 import os
 import secrets
 import shutil
+import sys
 import tempfile
 import time
+
+from pydantic import ValidationError
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -27,7 +30,7 @@ from proctor.breaker import Breaker, evidence_for
 from proctor.config import Config, ConfigError, load_config
 from proctor.confine.egress import EgressProxy
 from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status
-from proctor.job import cgroup, environment, frozen, landing, record, validate, worktree
+from proctor.job import cgroup, environment, frozen, gatekeeper, landing, record, validate, worktree
 from proctor.job.agent_version import VERSION_TIMEOUT_S, agent_version, executable, inside
 from proctor.job.attempts import run_attempts
 from proctor.job.cgroup import Limits
@@ -35,8 +38,10 @@ from proctor.job.git import unredirected_env
 from proctor.job.process import Limited, LocalRunner, ProcessRunner, Spawn
 from proctor.home import proctor_home
 from proctor.ledger import Ledger, LedgerError, LedgerFull
+from proctor.policy import Policy, PolicyError
 from proctor.progress import NullProgress, Progress
 from proctor.stop import StopSwitch
+from proctor.task import AgentTask
 
 PYTEST_NO_TESTS = 5
 
@@ -94,6 +99,7 @@ class _Job:
     work: Path = Path()
     state_dirs: tuple[Path, ...] = ()  # the adapter's, resolved: writable by every job of that adapter
     egress: EgressProxy | None = None  # the host-run proxy to the adapter's declared hosts, while the agent runs
+    gate: gatekeeper.GateService | None = None  # the gate the agent's CLI asks before each tool call
     backend: Backend | None = None  # an HTTP status the CLI's protocol reported for the deciding run
     # The repo's keys (config over the base's .proctor.toml), read once: its setup, shares and validate.
     settings: environment.RepoSettings | None = None
@@ -225,7 +231,8 @@ def _run(job: _Job, breaker: Breaker) -> RunAgentResult:
     if prompt_file is not None:
         prompt_file.write_text(req.task, encoding="utf-8")
     env = _agent_env(job, wt_path)
-    inv = build(spec, req.task, wt_path, prompt_file, env)
+    settings = str(gatekeeper.settings_path(_gate_dir(job), spec.gate)) if spec.gate else None
+    inv = build(spec, req.task, wt_path, prompt_file, env, gate_settings=settings)
     if isinstance(inv, Refused):
         return refused(req, [inv.reason], Code(inv.code), job.start)
 
@@ -282,6 +289,23 @@ def _in_worktree(job: _Job, repo: worktree.Repo, base: worktree.Base, confiner: 
     # Decided on the fresh checkout of the base, before the agent runs: the agent must not pick its own test.
     plan = validate.given(req.validate_command) if req.validate_command else validate.detect(wt.path)
 
+    gate = _start_gate(job, wt, result)
+    if isinstance(gate, str):
+        result.code, result.summary = Code.CONFIG_INVALID, gate
+        job.risks.append(f"{gate}; nothing was launched")
+        return
+    job.gate = gate
+    try:
+        _agent_phase(job, wt, confiner, inv, env, result, plan)
+    finally:
+        if gate is not None:
+            gate.stop()
+            _gate_result(job, gate, result)
+
+
+def _agent_phase(job: _Job, wt: worktree.Worktree, confiner: confine.Confiner, inv: Invocation,
+                 env: dict[str, str], result: RunAgentResult, plan: validate.Plan) -> None:
+    req, spec = job.request, job.spec
     cplan = _confine(job, confiner, wt, list(inv.argv), env)
     if isinstance(cplan, confine.Unavailable):
         result.code, result.summary = cplan.code, cplan.reason
@@ -302,7 +326,8 @@ def _in_worktree(job: _Job, repo: worktree.Repo, base: worktree.Base, confiner: 
         out = run_attempts(spec=spec, argv=cplan.argv, stdin=inv.stdin, env=agent_env, cwd=wt.path,
                            runner=limited, progress=job.progress, poll=_poll(job), timeout_s=req.timeout_sec,
                            term_grace_s=job.config.term_grace, name=f"job-{job.job_id}",
-                           confined=cplan.confinement != "none")
+                           confined=cplan.confinement != "none",
+                           watch=job.gate.watch() if job.gate is not None else None)
     finally:
         _stop_egress(job)
     result.confinement_details["limits"] = list(limited.enforced)
@@ -330,6 +355,56 @@ def _in_worktree(job: _Job, repo: worktree.Repo, base: worktree.Base, confiner: 
                 _validate(job, wt, landed, plan, env, result, touched)
     finally:
         _review_checkout(job, wt, landed, dirty)
+
+
+def _gate_dir(job: _Job) -> Path:
+    """The gate's socket, hook and CLI settings: host-owned, outside the worktree; the sandbox sees it at the
+    same path through a read-only bind (a mount point the agent cannot replace)."""
+    return job.host_tmp / "gate"
+
+
+def _start_gate(job: _Job, wt: worktree.Worktree, result: RunAgentResult) -> gatekeeper.GateService | None | str:
+    """The job's gate service, for a CLI with a hook dialect; None for one without (UNGATED: recorded, and
+    confinement alone protects it); a str when the job cannot be gated (nothing may launch then)."""
+    spec = job.spec
+    if spec.gate is None:
+        result.gate = {"gated": False, "cli": spec.name,
+                       "why": f"{spec.name} has no gate hook: any tool calls it makes are not decided by the "
+                              "gate; OS confinement alone bounds them"}
+        job.ledger.append("gate.ungated", {"jobId": job.job_id, "cli": spec.name}, job_id=job.job_id)
+        return None
+    try:
+        policy = Policy.load()
+    except PolicyError as exc:
+        return f"the trusted policy cannot be read: {exc}"
+    dialect = gatekeeper.DIALECTS[spec.gate]()
+    if job.request.task_decl is not None:
+        try:
+            task = gatekeeper.with_workspace(AgentTask.model_validate(job.request.task_decl), wt.path)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            return f"the declared task is invalid: {'.'.join(map(str, err['loc']))}: {err['msg']}"
+    else:
+        task = gatekeeper.default_task(job.request.task, wt.path, spec.network and bool(spec.egress), dialect.tools)
+    service = gatekeeper.GateService(dialect, task, policy, job.ledger, job.job_id, _gate_dir(job),
+                                     stop=job.stop.reason, worktree=wt.path)
+    try:
+        return service.start()
+    except OSError as exc:
+        return f"the job's gate service did not start: {exc}"
+
+
+def _gate_result(job: _Job, gate: gatekeeper.GateService, result: RunAgentResult) -> None:
+    summary = gate.summary
+    result.gate = summary.as_dict(gate.dialect.name, gatekeeper.settings_path(gate.dir, gate.dialect.name))
+    if gate.bypassed:
+        result.status, result.code = Status.failed, Code.BYPASS
+        job.risks.append("tool calls the gate never decided (its hook did not run): " + _names(gate.bypassed))
+    if summary.refused:
+        codes = ", ".join(f"{c} {n}" for c, n in sorted(summary.by_code.items()) if c != "OK")
+        job.risks.append(f"the gate refused {summary.refused} of the agent's {summary.decided} tool call(s): {codes}")
+    if gate.failures:
+        job.risks.append(f"gate decisions failed and were denied: {gate.failures[0]}")
 
 
 def _names(paths: list[str], most: int = 5) -> str:
@@ -442,6 +517,10 @@ def _confine(job: _Job, confiner: confine.Confiner, wt: worktree.Worktree, argv:
     roots = confine.job_roots(wt.path, job.agent_tmp, state_dirs, readonly=_main_repo(wt), network=spec.network)
     if isinstance(roots, confine.Unavailable):
         return roots
+    if job.gate is not None:
+        # The hook runs inside the sandbox: its dir read-only at the same path, its interpreter visible.
+        roots = dataclasses.replace(roots, ro_binds=(*roots.ro_binds, (job.gate.dir, job.gate.dir)),
+                                    readonly=(*roots.readonly, Path(sys.base_prefix).resolve()))
     if spec.network and confiner.name != "none":
         # The network is the adapter's declared hosts only, through a proxy the host runs: an agent with
         # the whole network reached the loopback NATS server and deleted the job stream (found in review).

@@ -1,0 +1,278 @@
+"""A job's gate service: every tool call the agent's CLI asks for is decided by proctor's gate before it runs.
+
+Owns the per-job Unix socket the CLI's hook (`proctor/hook_client.py`) asks on, turning each CLI's hook JSON
+into the gate's `ToolCall` (a dialect per CLI), one ledger row per call (`gate.call`: job, CLI, tool, call id,
+input digest, verdict, code, latency), the answer in the CLI's own form with the reason the model sees
+(`[proctor CODE] ...`), the "armed" mark (the CLI's session-start hook ran: its hooks are loaded), and the
+files that install the hook for one job only (outside the worktree, read-only to the agent). It is the job's
+single ledger writer for calls: hooks run concurrently, their decisions are made one at a time.
+
+It never runs a tool and never trusts the CLI to honour an answer: the host reconciles the CLI's own output
+stream against the calls decided here (`unmatched`), and OS confinement stays the backstop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socketserver
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from proctor.gate import CallVerdict, Decision, Gate
+from proctor.ledger import Ledger
+from proctor.policy import Policy
+from proctor.task import AgentTask, Effect, Permissions, ToolSpec
+
+HOOK_CLIENT = Path(__file__).resolve().parent.parent / "hook_client.py"
+HOOK_TIMEOUT_S = 60  # the CLI's own timeout for the hook; the client gives up (deny) well before it
+MAX_REQUEST = 8 * 1024 * 1024
+
+# Claude Code 2.1's tools (research/gating.md "Coverage"; its -p tool list) and what each does.
+CLAUDE_TOOLS: dict[str, tuple[Effect, bool]] = {
+    "Bash": (Effect.shell, False), "BashOutput": (Effect.shell, False), "KillShell": (Effect.shell, False),
+    "Write": (Effect.write, False), "Edit": (Effect.write, False), "MultiEdit": (Effect.write, False),
+    "NotebookEdit": (Effect.write, False),
+    "Read": (Effect.read, False), "Glob": (Effect.read, False), "Grep": (Effect.read, False),
+    "LS": (Effect.read, False), "NotebookRead": (Effect.read, False),
+    "WebFetch": (Effect.network, True), "WebSearch": (Effect.network, True),
+    "Task": (Effect.none, False), "Agent": (Effect.none, False), "TodoWrite": (Effect.none, False),
+    "ExitPlanMode": (Effect.none, False), "Skill": (Effect.none, False),
+}
+# Where each file tool names its path in tool_input; a read tool without one acts on the workspace.
+CLAUDE_PATH_KEYS = ("file_path", "notebook_path", "path")
+
+
+def default_task(goal: str, worktree: Path, network: bool, tools: dict[str, tuple[Effect, bool]]) -> AgentTask:
+    """The declaration of a job that brought none: the CLI's own tools, files and shell inside the worktree,
+    the network only when the adapter has egress. Ceilings from the trusted policy apply as for any task."""
+    specs = tuple(ToolSpec(name=n, effect=e, online=o) for n, (e, o) in tools.items() if network or not o)
+    return AgentTask(goal=goal[:2000] or "run-agent job", tools=specs,
+                     permissions=Permissions(workspace=str(worktree), read_files=True, write_files=True,
+                                             shell=True, network=network))
+
+
+def with_workspace(task: AgentTask, worktree: Path) -> AgentTask:
+    """A declared task bound to this job: its workspace is the job's worktree, whatever it named (a person
+    writes the declaration before the worktree exists)."""
+    perms = task.permissions.model_copy(update={"workspace": str(worktree)})
+    return task.model_copy(update={"permissions": perms})
+
+
+@dataclass(frozen=True)
+class Answer:
+    stdout: str = ""
+    stderr: str = ""
+    exit: int = 0
+
+
+def _reason(d: Decision) -> str:
+    return f"[proctor {d.code.value}] {d.reason}"
+
+
+class ClaudeDialect:
+    """Claude Code's PreToolUse/SessionStart hooks (`--settings`, `--setting-sources ''`, `dontAsk`)."""
+
+    name = "claude"
+    tools = CLAUDE_TOOLS
+
+    def call(self, payload: dict[str, Any], worktree: Path) -> dict[str, Any]:
+        tool = str(payload.get("tool_name", ""))
+        args = payload.get("tool_input") if isinstance(payload.get("tool_input"), dict) else {}
+        paths = [str(args[k]) for k in CLAUDE_PATH_KEYS if isinstance(args.get(k), str) and args.get(k)]
+        effect = self.tools.get(tool, (None, False))[0]
+        if not paths and effect in (Effect.read, Effect.write):
+            paths = [str(worktree)]  # Glob/Grep/LS with no path act on the cwd: the worktree
+        return {"tool": tool, "arguments": args, "paths": paths, "call_id": str(payload.get("tool_use_id", ""))}
+
+    def answer(self, d: Decision) -> Answer:
+        allow = d.verdict is CallVerdict.run
+        out = {"hookSpecificOutput": {"hookEventName": "PreToolUse",
+                                      "permissionDecision": "allow" if allow else "deny",
+                                      "permissionDecisionReason": _reason(d)}}
+        return Answer(json.dumps(out))
+
+    def settings(self, hook: list[str]) -> dict[str, Any]:
+        def entry(event: str) -> dict[str, Any]:
+            command = " ".join(_sh(a) for a in [*hook, event])
+            return {"matcher": "*", "hooks": [{"type": "command", "command": command, "timeout": HOOK_TIMEOUT_S}]}
+
+        return {"hooks": {"PreToolUse": [entry("PreToolUse")], "SessionStart": [entry("SessionStart")]}}
+
+    def tool_uses(self, stdout: str) -> list[tuple[str, str]]:
+        """(tool_use id, tool name) of every tool call in claude's stream-json output."""
+        found = []
+        for line in stdout.splitlines():
+            if '"tool_use"' not in line:
+                continue
+            try:
+                ev = json.loads(line)
+            except (ValueError, RecursionError):
+                continue
+            msg = ev.get("message") if isinstance(ev, dict) and ev.get("type") == "assistant" else None
+            for part in (msg or {}).get("content") or [] if isinstance(msg, dict) else []:
+                if isinstance(part, dict) and part.get("type") == "tool_use":
+                    found.append((str(part.get("id", "")), str(part.get("name", ""))))
+        return found
+
+
+DIALECTS: dict[str, type[ClaudeDialect]] = {"claude": ClaudeDialect}
+
+
+def _sh(arg: str) -> str:
+    return "'" + arg.replace("'", "'\\''") + "'"
+
+
+@dataclass
+class Summary:
+    decided: int = 0
+    refused: int = 0
+    by_code: dict[str, int] = field(default_factory=dict)
+    armed: bool = False
+
+    def as_dict(self, cli: str, settings: Path) -> dict[str, Any]:
+        return {"gated": True, "cli": cli, "armed": self.armed, "calls": self.decided, "refused": self.refused,
+                "by_code": dict(sorted(self.by_code.items())), "settings": str(settings)}
+
+
+class GateService:
+    """`GateService(dialect, task, policy, ledger, job_id, dir, stop=, worktree=).start()`; `.stop()` after the
+    agent. `dir` is a host-owned directory (never the agent's) holding the socket, the hook client and the
+    CLI's settings; the sandbox sees it at the same path, read-only."""
+
+    def __init__(self, dialect: ClaudeDialect, task: AgentTask, policy: Policy, ledger: Ledger, job_id: str,
+                 dir: Path, *, stop: Callable[[], str | None], worktree: Path) -> None:
+        self.dialect, self.ledger, self.job_id, self.dir = dialect, ledger, job_id, dir
+        self.worktree = worktree
+        self.streamed: dict[str, str] = {}  # tool_use id -> tool name, as the CLI's own output showed them
+        self.gate = Gate(task, policy=policy, dry_run=False, stop=stop, on_decision=self._row)
+        self.summary = Summary()
+        self.seen: dict[str, str] = {}  # call id -> verdict
+        self.failures: list[str] = []
+        self._lock = threading.Lock()
+        self._server: socketserver.ThreadingUnixStreamServer | None = None
+        self._thread: threading.Thread | None = None
+        self._latency = 0.0
+        self._digest = ""
+
+    @property
+    def socket_path(self) -> Path:
+        return self.dir / "gate.sock"
+
+    def hook_command(self) -> list[str]:
+        """The hook as the CLI runs it, with the paths it has inside the sandbox."""
+        return [os.path.realpath(sys.executable), "-I", "-S", str(self.dir / "hook_client.py"),
+                str(self.dir / "gate.sock"), self.dialect.name]
+
+    def start(self) -> GateService:
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        shutil.copyfile(HOOK_CLIENT, self.dir / "hook_client.py")
+        settings_path(self.dir, self.dialect.name).write_text(
+            json.dumps(self.dialect.settings(self.hook_command()), indent=1))
+        service = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                raw = self.rfile.read(MAX_REQUEST + 1)
+                answer = service.handle(raw)
+                self.wfile.write(json.dumps({"stdout": answer.stdout, "stderr": answer.stderr,
+                                             "exit": answer.exit}).encode())
+
+        self._server = socketserver.ThreadingUnixStreamServer(str(self.socket_path), Handler)
+        self._server.daemon_threads = True
+        os.chmod(self.socket_path, 0o666)  # the agent may run as another uid inside its user namespace
+        self._thread = threading.Thread(target=self._server.serve_forever, name=f"gate-{self.job_id}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def handle(self, raw: bytes) -> Answer:
+        t0 = time.monotonic()
+        try:
+            if len(raw) > MAX_REQUEST:
+                raise ValueError("request too large")
+            req = json.loads(raw)
+            event = str(req.get("event", ""))
+            payload = json.loads(req.get("payload") or "{}")
+            if not isinstance(payload, dict):
+                raise ValueError("the hook's input is not a JSON object")
+        except (ValueError, RecursionError, AttributeError) as exc:
+            return Answer(stderr=f"[proctor GATE_UNAVAILABLE] unreadable hook input: {exc}"[:500], exit=2)
+        if event == "SessionStart":
+            with self._lock:
+                self.summary.armed = True
+            self._write("gate.armed", {"jobId": self.job_id, "cli": self.dialect.name})
+            return Answer()
+        if event != "PreToolUse":
+            return Answer(stderr=f"[proctor GATE_UNAVAILABLE] unknown hook event {event[:60]!r}", exit=2)
+        call = self.dialect.call(payload, self.worktree)
+        digest = hashlib.sha256(json.dumps(call.get("arguments"), sort_keys=True, default=str).encode()).hexdigest()
+        with self._lock:  # one decision at a time: the gate counts calls, the ledger chains rows
+            self._latency = t0
+            self._digest = digest
+            try:
+                decision = self.gate.decide(call)
+            except Exception as exc:  # noqa: BLE001 - a gate or ledger failure denies the call
+                self.failures.append(str(exc)[:300])
+                return Answer(stderr=f"[proctor GATE_UNAVAILABLE] the call could not be decided: {exc}"[:500],
+                              exit=2)
+            self.summary.decided += 1
+            if decision.verdict is CallVerdict.refused:
+                self.summary.refused += 1
+            self.summary.by_code[decision.code.value] = self.summary.by_code.get(decision.code.value, 0) + 1
+            if decision.call_id:
+                self.seen[decision.call_id] = decision.verdict.value
+        return self.dialect.answer(decision)
+
+    def _row(self, d: Decision) -> None:
+        # Before the decision takes effect: a call whose row cannot be written is not allowed (the gate's
+        # caller sees the exception and denies).
+        self._write("gate.call", {"jobId": self.job_id, "cli": self.dialect.name, "tool": d.tool[:200],
+                                  "call_id": d.call_id[:200], "input_sha256": self._digest,
+                                  "verdict": d.verdict.value, "code": d.code.value, "reason": d.reason[:500],
+                                  "latency_ms": round((time.monotonic() - self._latency) * 1000, 2)})
+
+    def _write(self, kind: str, payload: dict[str, Any]) -> None:
+        self.ledger.append(kind, payload, job_id=self.job_id)
+
+    @property
+    def bypassed(self) -> list[str]:
+        """Tool calls the CLI's own output showed that the gate never decided: a hook that did not run."""
+        return [f"{name} ({cid})" for cid, name in self.streamed.items() if cid not in self.seen]
+
+    def watch(self) -> Callable[[str, bytes], str | None]:
+        """Reads the CLI's output stream as it comes: keeps every tool call it shows (for `bypassed`), and ends
+        the run at the first one made while the CLI's hooks never said they were loaded (the session-start
+        hook runs before the model is first asked)."""
+        partial = b""
+
+        def watch(stream: str, chunk: bytes) -> str | None:
+            nonlocal partial
+            if stream != "stdout":
+                return None
+            lines = (partial + chunk).split(b"\n")
+            partial = lines.pop()[-1_000_000:]
+            text = b"\n".join(ln for ln in lines if b'"tool_use"' in ln).decode("utf-8", "replace")
+            uses = self.dialect.tool_uses(text) if text else []
+            self.streamed.update(uses)
+            if uses and not self.summary.armed:
+                return "bypass: a tool call before the gate's hook was armed"
+            return None
+
+        return watch
+
+
+def settings_path(dir: Path, cli: str) -> Path:
+    return dir / f"{cli}-settings.json"

@@ -1,0 +1,81 @@
+"""Every tool call of the real Claude Code passes proctor's gate before it runs, fail-closed: run-agent
+jobs of the built-in `claude` adapter, confined, against the scripted model. A call the declaration allows
+runs (the control); one it refuses never executes, and the refusal and its reason are in the ledger and in
+the model's next request; a repo's `disableAllHooks` cannot switch the gate off; a hook that cannot reach
+its gate denies."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_real_cli_jobs import ACTION, run_job
+
+from proctor.job.gatekeeper import HOOK_CLIENT
+
+
+def gate_rows(job) -> list[dict]:
+    with sqlite3.connect(job.proctor_home / "ledger.sqlite3") as db:
+        rows = db.execute("SELECT kind, payload FROM rows WHERE kind LIKE 'gate.%' AND job_id = ?",
+                          (job.result["jobId"],)).fetchall()
+    return [{"kind": k, **json.loads(p)} for k, p in rows]
+
+
+def declaration(tmp_path: Path, tools: list[dict]) -> str:
+    path = tmp_path / "decl.json"
+    path.write_text(json.dumps({"goal": "write hello.txt", "tools": tools,
+                                "permissions": {"workspace": "/ignored", "read_files": True, "write_files": True}}))
+    return str(path)
+
+
+@pytest.mark.realcli
+def test_control_an_allowed_call_is_decided_then_runs(tmp_path):
+    job = run_job("claude", tmp_path)
+    r = job.result
+    assert r["status"] == "completed" and r["changed_files"] == [ACTION.name], job.explain()
+    assert r["gate"] == {**r["gate"], "gated": True, "armed": True, "refused": 0}, r["gate"]
+    rows = gate_rows(job)
+    assert rows[0]["kind"] == "gate.armed"
+    calls = [x for x in rows if x["kind"] == "gate.call"]
+    assert [(c["tool"], c["verdict"], c["code"]) for c in calls] == [("Write", "run", "OK")], calls
+    assert len(calls[0]["input_sha256"]) == 64 and calls[0]["latency_ms"] >= 0
+
+
+@pytest.mark.realcli
+def test_a_call_the_declaration_refuses_never_runs_and_the_model_hears_why(tmp_path):
+    decl = declaration(tmp_path, [{"name": "Read", "effect": "read"}])  # no Write: undeclared
+    job = run_job("claude", tmp_path, extra=("--task-decl", decl))
+    r = job.result
+    assert ACTION.name not in r["changed_files"], job.explain()
+    assert not (Path(r["worktreePath"]) / ACTION.name).exists()
+    assert r["gate"]["refused"] >= 1 and r["gate"]["by_code"].get("TOOL_UNDECLARED"), r["gate"]
+    assert any("the gate refused" in k for k in r["known_risks"]) and r["needs_human_review"] is True
+    calls = [x for x in gate_rows(job) if x["kind"] == "gate.call"]
+    assert calls and calls[0]["tool"] == "Write" and calls[0]["verdict"] == "refused"
+    assert calls[0]["code"] == "TOOL_UNDECLARED"
+    results = [e.tool_result for e in job.model.requests if e.tool_result]
+    assert any("[proctor TOOL_UNDECLARED]" in t for t in results), job.model.summary()
+
+
+@pytest.mark.realcli
+def test_a_repos_disable_all_hooks_does_not_switch_the_gate_off(tmp_path):
+    """research/gating.md: a workspace `.claude/settings.json` with disableAllHooks silently disabled the
+    --settings hooks; `--setting-sources ''` keeps the repo's settings out, so the call is still decided."""
+    job = run_job("claude", tmp_path, files={".claude/settings.json": json.dumps({"disableAllHooks": True})})
+    r = job.result
+    assert r["gate"]["armed"] is True and r["gate"]["calls"] >= 1, job.explain()
+    assert [x["tool"] for x in gate_rows(job) if x["kind"] == "gate.call"] == ["Write"]
+
+
+def test_the_hook_client_denies_when_its_gate_is_unreachable(tmp_path):
+    """Every CLI's hook layer fails open on a crashed hook; proctor's client never crashes into an allow:
+    a gone socket is exit 2 with [proctor GATE_UNAVAILABLE] (claude and gemini block on exit 2)."""
+    p = subprocess.run([sys.executable, "-I", "-S", str(HOOK_CLIENT), str(tmp_path / "gone.sock"), "claude",
+                        "PreToolUse"], input=b'{"tool_name": "Bash"}', capture_output=True, timeout=30)
+    assert p.returncode == 2 and b"[proctor GATE_UNAVAILABLE]" in p.stderr and p.stdout == b""
+    garbage = subprocess.run([sys.executable, "-I", "-S", str(HOOK_CLIENT)], input=b"x", capture_output=True)
+    assert garbage.returncode == 2 and b"GATE_UNAVAILABLE" in garbage.stderr
