@@ -162,11 +162,12 @@ def drive(name: str, prompt: str, root: Path, mutate: Callable[[list[str]], list
     home = root / "home"
     home.mkdir()
     env = {**offline_env(home), **spec.env_under(str(home))}
-    settings = None
+    gate_dir = None
     if spec.gate:  # the gate's install args as a job has them (an empty settings file: no hook needed offline)
-        settings = root / "gate-settings.json"
-        settings.write_text("{}")
-    inv = build(spec, prompt, wt, None, env, gate_settings=str(settings) if settings else None)
+        gate_dir = root / "gate"
+        gate_dir.mkdir()
+        (gate_dir / f"{spec.gate}-settings.json").write_text("{}")
+    inv = build(spec, prompt, wt, None, env, gate_dir=gate_dir)
     assert isinstance(inv, Invocation), inv
     argv = list(inv.argv)
     argv[0] = str(BIN / argv[0])  # exactly our argv, with the executable pinned to the cache

@@ -20,6 +20,8 @@ from proctor.adapters.output import READERS
 from proctor.confine.egress import parse_endpoint
 
 PLACEHOLDERS = ("{prompt}", "{prompt_file}", "{worktree}")
+# The CLIs whose hooks proctor can install (proctor.job.gatekeeper.DIALECTS).
+GATE_DIALECTS = ("claude",)
 _PLACEHOLDER_RE = re.compile(r"\{[a-z_]+\}")
 # A model endpoint's keys (AdapterSpec.base_url, .api_key_env, .model) as placeholders of endpoint_args/_env.
 ENDPOINT_KEYS = ("base_url", "api_key_env", "model")
@@ -60,9 +62,10 @@ class AdapterSpec(BaseModel):
     # never retried, like its measured texts ("Not logged in", "Invalid auth method selected").
     misconfigured_exit_codes: tuple[int, ...] = ()
     # The CLI's hook dialect (proctor.job.gatekeeper): every tool call it makes is asked of proctor's gate
-    # first. `gate_args` install the hook for one job ({gate_settings}: a file outside the worktree). None:
+    # first. `gate_args` install the hook for one job ({gate_dir}: the job's gate dir, outside the worktree;
+    # {gate_settings}: the CLI's settings file in it). One of GATE_DIALECTS. None:
     # the CLI has no hook proctor can use; its jobs are UNGATED (confinement alone protects them).
-    gate: Literal["claude"] | None = None
+    gate: str | None = None
     gate_args: tuple[str, ...] = ()
     # network = true: the agent's network is the host's egress proxy (proctor.confine.egress), which lets a
     # CONNECT through only to an `egress` entry, "host[:port]" (port 443 unless given); a declared name that
@@ -128,6 +131,13 @@ class AdapterSpec(BaseModel):
                 if {m for t in g for m in _ENDPOINT_RE.findall(t)} <= values.keys() for t in g]
         at = next((i for i, t in enumerate(self.command) if i and t.startswith("-")), len(self.command))
         return (*self.command[:at], *args, *self.command[at:])
+
+    @field_validator("gate")
+    @classmethod
+    def _gate(cls, v: str | None) -> str | None:
+        if v is not None and v not in GATE_DIALECTS:
+            raise ValueError(f"gate {v!r} is not one of {', '.join(GATE_DIALECTS)}")
+        return v
 
     @field_validator("egress")
     @classmethod
@@ -210,9 +220,9 @@ class Refused:
 
 def build(
     spec: AdapterSpec, prompt: str, worktree: Path, prompt_file: Path | None, env: dict[str, str],
-    gate_settings: str | None = None,
+    gate_dir: Path | None = None,
 ) -> Invocation | Refused:
-    """The argv for one job (with `gate_args` before its first option when `gate_settings` is given). An argv
+    """The argv for one job (with `gate_args` before its first option when `gate_dir` is given). An argv
     prompt past its cap is refused, never truncated."""
     data = prompt.encode("utf-8")
     if spec.prompt == "argv" and "\0" in prompt:
@@ -230,10 +240,11 @@ def build(
             )
     values = {"{prompt}": prompt, "{worktree}": str(worktree), "{prompt_file}": str(prompt_file or "")}
     command = spec.endpoint_command()
-    if gate_settings is not None and spec.gate_args:
+    if gate_dir is not None and spec.gate_args:
         at = next((i for i, t in enumerate(command) if i and t.startswith("-")), len(command))
-        command = (*command[:at], *(t.replace("{gate_settings}", gate_settings) for t in spec.gate_args),
-                   *command[at:])
+        settings = str(gate_dir / f"{spec.gate}-settings.json")
+        gate = (t.replace("{gate_settings}", settings).replace("{gate_dir}", str(gate_dir)) for t in spec.gate_args)
+        command = (*command[:at], *gate, *command[at:])
     argv = tuple(_PLACEHOLDER_RE.sub(lambda m: values.get(m.group(0), m.group(0)), t) for t in command)
     for token in argv:
         if len(token.encode("utf-8")) + 1 > max_arg_strlen():

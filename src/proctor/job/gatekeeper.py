@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from proctor.gate import CallVerdict, Decision, Gate
 from proctor.ledger import Ledger
@@ -99,12 +99,18 @@ class ClaudeDialect:
                                       "permissionDecisionReason": _reason(d)}}
         return Answer(json.dumps(out))
 
-    def settings(self, hook: list[str]) -> dict[str, Any]:
+    def files(self, hook: list[str], dir: Path) -> dict[str, str]:
+        """The files that install the hook for one job, relative to the gate dir (`{gate_dir}` in gate_args)."""
         def entry(event: str) -> dict[str, Any]:
             command = " ".join(_sh(a) for a in [*hook, event])
             return {"matcher": "*", "hooks": [{"type": "command", "command": command, "timeout": HOOK_TIMEOUT_S}]}
 
-        return {"hooks": {"PreToolUse": [entry("PreToolUse")], "SessionStart": [entry("SessionStart")]}}
+        settings = {"hooks": {"PreToolUse": [entry("PreToolUse")], "SessionStart": [entry("SessionStart")]}}
+        return {settings_path(dir, self.name).name: json.dumps(settings, indent=1)}
+
+    def env(self, dir: Path) -> dict[str, str]:
+        """Variables the agent's CLI needs to find its hook (none for claude: its args name the file)."""
+        return {}
 
     def tool_uses(self, stdout: str) -> list[tuple[str, str]]:
         """(tool_use id, tool name) of every tool call in claude's stream-json output."""
@@ -123,7 +129,23 @@ class ClaudeDialect:
         return found
 
 
-DIALECTS: dict[str, type[ClaudeDialect]] = {"claude": ClaudeDialect}
+class Dialect(Protocol):
+    """One CLI's hook protocol: its tools and their effects, its hook JSON as the gate's call, the gate's
+    decision as its answer, the files (and variables) that install the hook for one job, and the tool calls
+    its own output stream shows (for the armed check and reconciliation)."""
+
+    name: str
+    tools: dict[str, tuple[Effect, bool]]
+
+    def call(self, payload: dict[str, Any], worktree: Path) -> dict[str, Any]: ...
+    def answer(self, d: Decision) -> Answer: ...
+    def files(self, hook: list[str], dir: Path) -> dict[str, str]: ...
+    def env(self, dir: Path) -> dict[str, str]: ...
+    def tool_uses(self, stdout: str) -> list[tuple[str, str]]: ...
+
+
+# Keep in step with adapters.spec.GATE_DIALECTS.
+DIALECTS: dict[str, Callable[[], Dialect]] = {"claude": ClaudeDialect}
 
 
 def _sh(arg: str) -> str:
@@ -147,7 +169,7 @@ class GateService:
     agent. `dir` is a host-owned directory (never the agent's) holding the socket, the hook client and the
     CLI's settings; the sandbox sees it at the same path, read-only."""
 
-    def __init__(self, dialect: ClaudeDialect, task: AgentTask, policy: Policy, ledger: Ledger, job_id: str,
+    def __init__(self, dialect: Dialect, task: AgentTask, policy: Policy, ledger: Ledger, job_id: str,
                  dir: Path, *, stop: Callable[[], str | None], worktree: Path) -> None:
         self.dialect, self.ledger, self.job_id, self.dir = dialect, ledger, job_id, dir
         self.worktree = worktree
@@ -174,8 +196,10 @@ class GateService:
     def start(self) -> GateService:
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         shutil.copyfile(HOOK_CLIENT, self.dir / "hook_client.py")
-        settings_path(self.dir, self.dialect.name).write_text(
-            json.dumps(self.dialect.settings(self.hook_command()), indent=1))
+        for rel, text in self.dialect.files(self.hook_command(), self.dir).items():
+            target = self.dir / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
         service = self
 
         class Handler(socketserver.StreamRequestHandler):

@@ -231,8 +231,7 @@ def _run(job: _Job, breaker: Breaker) -> RunAgentResult:
     if prompt_file is not None:
         prompt_file.write_text(req.task, encoding="utf-8")
     env = _agent_env(job, wt_path)
-    settings = str(gatekeeper.settings_path(_gate_dir(job), spec.gate)) if spec.gate else None
-    inv = build(spec, req.task, wt_path, prompt_file, env, gate_settings=settings)
+    inv = build(spec, req.task, wt_path, prompt_file, env, gate_dir=_gate_dir(job) if spec.gate else None)
     if isinstance(inv, Refused):
         return refused(req, [inv.reason], Code(inv.code), job.start)
 
@@ -313,7 +312,7 @@ def _agent_phase(job: _Job, wt: worktree.Worktree, confiner: confine.Confiner, i
         return
     result.confinement = cplan.confinement
     result.confinement_details = {**cplan.details, "gaps": cplan.gaps}
-    agent_env = {**env, **cplan.env}
+    agent_env = {**env, **cplan.env, **(job.gate.dialect.env(job.gate.dir) if job.gate is not None else {})}
     result.agent_version = _probe_version(job, confiner, wt, env)
 
     # The job's limits (memory, pids, CPU weight; disk added to the worktree and the agent's TMPDIR). The
