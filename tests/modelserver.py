@@ -435,3 +435,91 @@ class ScriptedModel:
             return 200, "application/json", json.dumps(chunk).encode()
         return 200, "text/event-stream", f"data: {json.dumps(chunk)}\r\n\r\n".encode()
 
+
+
+# --- a script mode for an MCP host (claude with `--mcp-config`): two MCP tool calls, then an answer ------
+
+@dataclass(frozen=True)
+class McpCalls:
+    """What the MCP script does: call `start` with `start_input`, then `wait` with the job id the first
+    call's result names (`{"job": <jobId>, "wait_s": wait_s}`), then answer `final_text`."""
+
+    start: str = "mcp__proctor__run_agent"
+    start_input: dict | None = None
+    wait: str = "mcp__proctor__job_result"
+    wait_s: float = 60
+    final_text: str = "The job finished."
+
+
+_JOB_ID = re.compile(r'"jobId":\s*"([A-Za-z0-9._-]+)"')
+
+
+def _anthropic_stream(block: dict, model: str) -> bytes:
+    """One assistant message holding `block` (text or tool_use), as Messages server-sent events."""
+    mid = f"msg_{uuid.uuid4().hex[:20]}"
+    usage = {"input_tokens": 10, "output_tokens": 5, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    if block["type"] == "text":
+        opened, delta, stop = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}, "end_turn"
+    else:
+        opened = {**block, "input": {}}
+        delta, stop = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}, "tool_use"
+    return _sse([
+        ("message_start", {"type": "message_start", "message": {"id": mid, "type": "message", "role": "assistant",
+                                                                "model": model, "content": [], "stop_reason": None,
+                                                                "stop_sequence": None, "usage": usage}}),
+        ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": opened}),
+        ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}),
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        ("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
+                           "usage": {"output_tokens": 5}}),
+        ("message_stop", {"type": "message_stop"}),
+    ])
+
+
+class McpScriptedModel(ScriptedModel):
+    """The scripted model in MCP mode (Anthropic Messages only): the request offering `calls.start` gets that
+    tool call; the one carrying its result gets the `calls.wait` call for the job id in it; the one carrying
+    that result gets the final answer. `tool_result` of a logged request is the result it carried, whichever
+    call it answers. Everything else (side requests, other protocols) is answered as ScriptedModel does."""
+
+    def __init__(self, directory: Path, calls: McpCalls, **kw: Any) -> None:
+        super().__init__(directory, final_text=calls.final_text, **kw)
+        self.calls = calls
+        self.answered: dict[str, str] = {}  # our tool_use id -> the tool it called
+
+    def _mcp_call(self, name: str, tool_input: dict, entry: Logged) -> dict:
+        cid = self._new_call_id("toolu_")
+        with self._lock:
+            self.answered[cid] = name
+        entry.reply, entry.tool_call = "tool_call", {"name": name, "input": tool_input}
+        return {"type": "tool_use", "id": cid, "name": name, "input": tool_input}
+
+    def _anthropic(self, body: dict, path: str, entry: Logged) -> tuple[int, str, bytes]:
+        messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+        results = [b for m in messages if isinstance(m, dict) and m.get("role") == "user"
+                   and isinstance(m.get("content"), list)
+                   for b in m["content"] if isinstance(b, dict) and b.get("type") == "tool_result"
+                   and b.get("tool_use_id") in self.answered]
+        tools = {t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)}
+        model = body.get("model", "claude-scripted")
+        last = results[-1] if results else None
+        answers = self.answered.get(last.get("tool_use_id")) if last else None
+        if last is not None:
+            entry.tool_result = _text_of(last.get("content"))
+        if answers == self.calls.wait:
+            entry.reply = "final"
+            block: dict = {"type": "text", "text": self.final_text}
+        elif answers == self.calls.start:
+            found = _JOB_ID.search(entry.tool_result or "")
+            if found is None:
+                entry.reply = "final"
+                block = {"type": "text", "text": f"no job id in the {self.calls.start} result"}
+            else:
+                block = self._mcp_call(self.calls.wait, {"job": found.group(1), "wait_s": self.calls.wait_s},
+                                       entry)
+        elif self.calls.start in tools:
+            block = self._mcp_call(self.calls.start, dict(self.calls.start_input or {}), entry)
+        else:
+            entry.reply = "side"
+            block = {"type": "text", "text": SIDE_TEXT}
+        return 200, "text/event-stream", _anthropic_stream(block, model)

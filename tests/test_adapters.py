@@ -50,8 +50,12 @@ def test_builtin_adapter_argv_cwd_stdin_and_output(repo, fake, name):
     # the declared template, placeholders filled, the workspace where the CLI reads it.
     spec = builtin_agents()[name]
     # A gated CLI gets its gate's install args (the job's own settings file) before its first option.
-    gate = [a.replace("{gate_settings}", str(Path(res.gate["settings"]))) for a in spec.gate_args] if spec.gate else []
-    template = [spec.command[0], *gate, *spec.command[1:]]
+    gate = []
+    if spec.gate:
+        d = str(Path(res.gate["settings"]).parent)
+        gate = [a.replace("{gate_settings}", res.gate["settings"]).replace("{gate_dir}", d) for a in spec.gate_args]
+    at = next((i for i, t in enumerate(spec.command) if i and t.startswith("-")), len(spec.command))
+    template = [*spec.command[:at], *gate, *spec.command[at:]]
     assert call["argv"][1:] == [a.replace("{worktree}", wt).replace("{prompt}", "the task") for a in template[1:]]
     assert res.gate["gated"] is bool(spec.gate)
     assert call["cwd"] == wt

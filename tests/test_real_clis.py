@@ -270,7 +270,10 @@ def test_codex_got_our_prompt_workspace_and_approval_policy(runs):
         texts = ["".join(c.get("text", "") for c in p["content"]) for p in users]
         assert prompt in texts, (key, texts)
         # JSONL on stdout (--json) with a started turn: exec parsed everything and began work.
-        types = [json.loads(ln).get("type") for ln in run.exit.stdout.decode().splitlines() if ln.startswith("{")]
+        events = [json.loads(ln) for ln in run.exit.stdout.decode().splitlines() if ln.startswith("{")]
+        # The gate's --dangerously-bypass-hook-trust makes codex print warning items first: not our argv's fault.
+        types = [e.get("type") for e in events
+                 if not (e.get("type") == "item.completed" and (e.get("item") or {}).get("type") == "error")]
         assert types[:2] == ["thread.started", "turn.started"], types
 
 

@@ -339,6 +339,19 @@ def test_policy_blocked_effect_control(ws):
     assert d.code is GateCode.POLICY_BLOCKED and "send" in d.reason
 
 
+def test_an_effect_held_for_a_person_is_refused_until_a_grant_covers_the_call(ws):
+    policy = Policy(approval_effects=frozenset({Effect.write}))
+    held = gate(ws, policy=policy)
+    assert held.decide(call("read", "a.py")).code is GateCode.OK  # control: an effect not held
+    d = held.decide(call("write", "a.py", call_id="c1"))
+    assert d.code is GateCode.APPROVAL_REQUIRED and "proctor approve JOB c1" in d.reason
+    granted = Gate(AgentTask.model_validate(task_dict(ws)), policy=policy, dry_run=False, stop=NO_STOP,
+                   approved=lambda c: "grant #7" if c.paths == ("a.py",) else None)
+    ok = granted.decide(call("write", "a.py"))
+    assert ok.verdict is CallVerdict.run and "grant #7" in ok.reason
+    assert granted.decide(call("write", "b.py")).code is GateCode.APPROVAL_REQUIRED  # the grant is for a.py
+
+
 @pytest.mark.parametrize("pattern,blocked,allowed", [
     (".git", ".git/config", "src/git.py"),
     ("secrets/*", "secrets/key.pem", "src/secrets.py"),

@@ -16,6 +16,7 @@ Order of checks, first failure wins (stable, documented, part of the contract):
     OUTSIDE_WORKSPACE  a path resolves (`..` and symlinks followed) outside the workspace
     TOOL_LIMIT         the run already had its effective max_tool_calls granted
     POLICY_BLOCKED     the trusted policy forbids the effect or a path
+    APPROVAL_REQUIRED  the trusted policy holds the effect for a person, and no one-time grant covers the call
 
 A call that passes is `dry_run` when its tool is outward (an outward effect, or online) and the run is not
 explicitly live, else `run`.
@@ -53,6 +54,7 @@ class GateCode(StrEnum):
     OUTSIDE_WORKSPACE = "OUTSIDE_WORKSPACE"
     TOOL_LIMIT = "TOOL_LIMIT"
     POLICY_BLOCKED = "POLICY_BLOCKED"
+    APPROVAL_REQUIRED = "APPROVAL_REQUIRED"
 
 
 class CallVerdict(StrEnum):
@@ -108,6 +110,8 @@ class ToolRule:
     file_tool: bool
     effect_forbidden: bool
     """The trusted policy forbids this tool's effect."""
+    needs_approval: bool = False
+    """The trusted policy holds this tool's effect for a person."""
 
 
 def tool_rules(task: AgentTask, policy: Policy) -> dict[str, ToolRule]:
@@ -130,6 +134,7 @@ def tool_rules(task: AgentTask, policy: Policy) -> dict[str, ToolRule]:
             needs_network=needs_network,
             file_tool=t.effect in FILE_EFFECTS,
             effect_forbidden=t.effect in policy.forbidden_effects,
+            needs_approval=t.effect in policy.approval_effects,
         )
     return rules
 
@@ -168,6 +173,8 @@ class Gate:
     - `stop`: returns a reason while stopped; None means the `StopSwitch` of `$PROCTOR_HOME`.
     - `on_decision`: called with every decision before it takes effect (the runtime records it in the
       ledger there). If it raises, the exception propagates and the call is not granted.
+    - `approved`: for a call whose effect the policy holds for a person, the one-time grant that covers it
+      (a description), or None; None as the callable: nothing is ever approved.
     """
 
     def __init__(
@@ -178,8 +185,10 @@ class Gate:
         dry_run: bool = True,
         stop: Callable[[], str | None] | None = None,
         on_decision: Callable[[Decision], None] | None = None,
+        approved: Callable[[ToolCall], str | None] | None = None,
     ) -> None:
         self.task = task
+        self._approved = approved
         self.policy = policy
         self.dry_run = dry_run
         self.limits: Ceilings = policy.ceilings.cap(task)
@@ -255,7 +264,15 @@ class Gate:
                 pat = self._forbidden_path(rel, full)
                 if pat is not None:
                     return refuse(GateCode.POLICY_BLOCKED, f"the trusted policy forbids path {p!r} (pattern {pat!r})")
-        if rule.outward and self.dry_run:
+        grant = None
+        if rule.needs_approval:
+            grant = self._approved(call) if self._approved is not None else None
+            if grant is None:
+                return refuse(GateCode.APPROVAL_REQUIRED, f"the trusted policy holds effect {rule.effect.value!r} "
+                                                          f"for a person: `proctor approve JOB {call_id}`")
+        if grant is not None:
+            verdict, reason = CallVerdict.run, f"approved by a person ({grant})"
+        elif rule.outward and self.dry_run:
             verdict, reason = CallVerdict.dry_run, f"outward tool {rule.name!r}: dry run (the run is not live)"
         else:
             verdict, reason = CallVerdict.run, "granted"

@@ -7,10 +7,13 @@ It is **fail-closed on proctor's side**: no answer within DEADLINE_S (below the 
 socket that is gone, an answer it cannot read — each is a deny with `[proctor GATE_UNAVAILABLE]`, in the form
 the CLI blocks on (claude and gemini: exit 2 with the reason on stderr). Every CLI's hook layer fails open
 on a crashed hook (research/gating.md), so this client must never crash into an allow: all of it is inside
-one try.
+one try, and a client stuck past its deadline anyway dies by SIGALRM. Dying (a signal, an interpreter that
+cannot start) is outside any try: gemini and codex run the client under a shell wrapper that turns every
+exit but 0 into exit 2; claude's `dontAsk` denies whatever its hook did not allow.
 """
 
 import json
+import signal
 import socket
 import sys
 
@@ -47,6 +50,7 @@ def ask(sock_path: str, cli: str, event: str, payload: bytes) -> int:
 
 def main(argv: list) -> int:
     try:
+        signal.alarm(int(DEADLINE_S) + 5)  # default action: the process dies, never an exit 0
         if len(argv) != 4:
             return deny("usage: hook_client.py SOCKET CLI EVENT")
         payload = sys.stdin.buffer.read(MAX_INPUT + 1)

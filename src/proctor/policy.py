@@ -87,11 +87,18 @@ class _ForbidFile(BaseModel):
     paths: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
 
 
+class _ApproveFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    effects: list[Effect] = Field(default_factory=list)
+
+
 class _PolicyFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     ceilings: _CeilingsFile = Field(default_factory=_CeilingsFile)
     forbid: _ForbidFile = Field(default_factory=_ForbidFile)
+    approve: _ApproveFile = Field(default_factory=_ApproveFile)
 
 
 @dataclass(frozen=True)
@@ -108,10 +115,13 @@ class Policy:
         [forbid]
         effects = ["pay"]
         paths = [".git", "secrets/*"]
+        [approve]                # held for a person: refused APPROVAL_REQUIRED until `proctor approve`
+        effects = ["network"]
     """
 
     ceilings: Ceilings = field(default_factory=Ceilings)
     forbidden_effects: frozenset[Effect] = frozenset()
+    approval_effects: frozenset[Effect] = frozenset()
     forbidden_paths: tuple[str, ...] = ()
     source: Path | None = None
 
@@ -138,6 +148,7 @@ class Policy:
         return cls(
             ceilings=Ceilings(c.max_steps, c.max_tool_calls, c.wall_clock_s),
             forbidden_effects=frozenset(parsed.forbid.effects),
+            approval_effects=frozenset(parsed.approve.effects),
             forbidden_paths=tuple(parsed.forbid.paths),
             source=path,
         )

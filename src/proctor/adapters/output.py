@@ -188,6 +188,38 @@ def read_gemini(stdout: str, stderr: str) -> Reading:
     return Reading(_clip(str(obj.get("response", ""))), "completed" if "response" in obj else None)
 
 
+def read_gemini_stream(stdout: str, stderr: str) -> Reading:
+    """`--output-format stream-json`: the assistant's last message (its text after the last tool result) and
+    the `result` event's status. Measured on 0.61: an API error is `result` with `status: "error"` and the
+    CLI's `[API Error: <the API's error JSON>]` as its message; a startup failure (exit 41) is prose on stderr;
+    without a `result` event it reads as `--output-format json` does."""
+    events = list(_json_lines(stdout))
+    if not any("type" in ev for ev in events):  # `--output-format json`'s one object, or no event at all
+        return read_gemini(stdout, stderr)
+    text, last, result = "", "", None
+    for ev in events:
+        kind = ev.get("type")
+        if kind == "message" and ev.get("role") == "assistant" and isinstance(ev.get("content"), str):
+            text = text + ev["content"] if ev.get("delta") else ev["content"]
+        elif kind in ("tool_use", "tool_result"):
+            last, text = text or last, ""
+        elif kind == "result":
+            result = ev
+    if result is None:  # cut short: what it said last, else its stderr
+        return Reading(_clip(text or last)) if text or last else read_gemini("", stderr)
+    err = result.get("error") if isinstance(result.get("error"), dict) else None
+    if result.get("status") == "error" or err:
+        msg = str((err or {}).get("message", "")) or "gemini reported an error"
+        backend = None
+        if msg.startswith("[API Error: ") and msg.endswith("]"):
+            api = _last_json(msg[len("[API Error: "):-1])
+            api_err = api.get("error") if isinstance(api, dict) and isinstance(api.get("error"), dict) else {}
+            status = http_status(api_err.get("code"))
+            backend = Backend(status, "result.error.message.error.code") if status else None
+        return Reading(_clip(msg), "failed", error_text=f"{(err or {}).get('type', '')}: {msg}", backend=backend)
+    return Reading(_clip(text or last), "completed" if result.get("status") == "success" else None)
+
+
 def read_jsonl(stdout: str, stderr: str) -> Reading:
     """Generic JSON events (opencode and user CLIs): the last text-bearing field wins."""
     text, claimed = "", None
@@ -218,6 +250,7 @@ READERS: dict[str, Callable[[str, str], Reading]] = {
     "claude-json": read_claude_json,
     "claude-stream-json": read_claude_stream,
     "gemini-json": read_gemini,
+    "gemini-stream-json": read_gemini_stream,
     "jsonl": read_jsonl,
 }
 

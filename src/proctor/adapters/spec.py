@@ -21,7 +21,7 @@ from proctor.confine.egress import parse_endpoint
 
 PLACEHOLDERS = ("{prompt}", "{prompt_file}", "{worktree}")
 # The CLIs whose hooks proctor can install (proctor.job.gatekeeper.DIALECTS).
-GATE_DIALECTS = ("claude",)
+GATE_DIALECTS = ("claude", "codex", "gemini")
 _PLACEHOLDER_RE = re.compile(r"\{[a-z_]+\}")
 # A model endpoint's keys (AdapterSpec.base_url, .api_key_env, .model) as placeholders of endpoint_args/_env.
 ENDPOINT_KEYS = ("base_url", "api_key_env", "model")

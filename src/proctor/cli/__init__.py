@@ -18,6 +18,7 @@ def main() -> None:
 # Command modules: each adds itself to `main` on import. One line per module, keep sorted.
 from proctor.cli import adapters as _adapters  # noqa: E402,F401
 from proctor.cli import commands as _commands  # noqa: E402,F401
+from proctor.cli import mcp as _mcp  # noqa: E402,F401
 from proctor.cli import policy as _policy  # noqa: E402,F401
 from proctor.cli import queue as _queue  # noqa: E402,F401
 from proctor.cli import review as _review  # noqa: E402,F401

@@ -8,6 +8,7 @@ decision was reached (a refusal included), 2 with one line on stderr for unusabl
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -102,6 +103,29 @@ def decide_cmd(task_file: str, call_file: str, live: bool) -> None:
     task = _load(task_file, AgentTask, "task")
     call = _load(call_file, ToolCall, "call")
     _emit(Gate(task, policy=_policy(), dry_run=not live, stop=StopSwitch().reason).decide(call).to_dict())
+
+
+@main.command("approve")
+@click.argument("job")
+@click.argument("call_id")
+@click.option("--reason", default="", help="Why; recorded with the grant.")
+def approve_cmd(job: str, call_id: str, reason: str) -> None:
+    """Grant, once, a tool call the gate held for a person: the next run of the job's ticket that makes the
+    same call (tool and input) has it run; the grant is used up there."""
+    path = proctor_home() / LEDGER_FILE
+    if not path.exists():
+        _unusable(f"no ledger at {path}")
+    with Ledger(path) as ledger:
+        held = [r for r in ledger.rows(kind="gate.call", job_id=job)
+                if r.payload.get("call_id") == call_id and r.payload.get("code") == "APPROVAL_REQUIRED"]
+        if not held:
+            _unusable(f"job {job!r} has no call {call_id!r} held for a person (see `proctor show {job}`)")
+        p = held[-1].payload
+        grant = {"jobId": job, "call_id": call_id, "ticket": p.get("ticket"), "repo": p.get("repo"),
+                 "tool": p.get("tool"), "input_sha256": p.get("input_sha256"), "reason": reason,
+                 "by": os.environ.get("USER") or str(os.getuid())}
+        row = ledger.append("gate.grant", grant, job_id=job)
+    _emit({"granted": True, "row": row, **grant})
 
 
 @main.group("ledger")

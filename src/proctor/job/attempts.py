@@ -141,6 +141,10 @@ def _decided(out: Outcome, ex: Exit, patterns: Patterns, spec: AdapterSpec, time
         out.risks.append(f"agent killed at a resource limit (whole tree, by {ex.cleanup}): "
                          f"{reason.removeprefix('resource_limit: ')}; not retried")
         return True
+    if reason.startswith("approval"):
+        out.status, out.code = Status.approval_required, Code.APPROVAL_REQUIRED
+        out.risks.append(f"the host ended the run: {reason}; not retried")
+        return True
     if reason.startswith("bypass"):
         out.status, out.code = Status.failed, Code.BYPASS
         out.risks.append(f"the host ended the run: {reason} (its hooks were not loaded); not retried")

@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from proctor.gate import CallVerdict, Decision, Gate
+from proctor.gate import CallVerdict, Decision, Gate, GateCode
+from proctor.job.gate_codex import CodexDialect
+from proctor.job.gate_gemini import GeminiDialect
 from proctor.ledger import Ledger
 from proctor.policy import Policy
 from proctor.task import AgentTask, Effect, Permissions, ToolSpec
@@ -145,7 +147,8 @@ class Dialect(Protocol):
 
 
 # Keep in step with adapters.spec.GATE_DIALECTS.
-DIALECTS: dict[str, Callable[[], Dialect]] = {"claude": ClaudeDialect}
+DIALECTS: dict[str, Callable[[], Dialect]] = {"claude": ClaudeDialect, "codex": CodexDialect,
+                                              "gemini": GeminiDialect}
 
 
 def _sh(arg: str) -> str:
@@ -170,11 +173,15 @@ class GateService:
     CLI's settings; the sandbox sees it at the same path, read-only."""
 
     def __init__(self, dialect: Dialect, task: AgentTask, policy: Policy, ledger: Ledger, job_id: str,
-                 dir: Path, *, stop: Callable[[], str | None], worktree: Path) -> None:
+                 dir: Path, *, stop: Callable[[], str | None], worktree: Path, ticket: str = "",
+                 repo: str = "") -> None:
         self.dialect, self.ledger, self.job_id, self.dir = dialect, ledger, job_id, dir
         self.worktree = worktree
+        self.ticket, self.repo = ticket, repo  # a person's grant is for a ticket of a repo (`proctor approve`)
+        self.held: list[dict[str, str]] = []  # calls the policy holds for a person: the job ends on the first
         self.streamed: dict[str, str] = {}  # tool_use id -> tool name, as the CLI's own output showed them
-        self.gate = Gate(task, policy=policy, dry_run=False, stop=stop, on_decision=self._row)
+        self.gate = Gate(task, policy=policy, dry_run=False, stop=stop, on_decision=self._row,
+                         approved=self._grant)
         self.summary = Summary()
         self.seen: dict[str, str] = {}  # call id -> verdict
         self.failures: list[str] = []
@@ -196,6 +203,9 @@ class GateService:
     def start(self) -> GateService:
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         shutil.copyfile(HOOK_CLIENT, self.dir / "hook_client.py")
+        bind = getattr(self.dialect, "bind", None)  # optional: a dialect compiling the declaration into its files
+        if bind is not None:
+            bind(self.gate.task, self.gate.policy)
         for rel, text in self.dialect.files(self.hook_command(), self.dir).items():
             target = self.dir / rel
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -242,7 +252,7 @@ class GateService:
         if event != "PreToolUse":
             return Answer(stderr=f"[proctor GATE_UNAVAILABLE] unknown hook event {event[:60]!r}", exit=2)
         call = self.dialect.call(payload, self.worktree)
-        digest = hashlib.sha256(json.dumps(call.get("arguments"), sort_keys=True, default=str).encode()).hexdigest()
+        digest = input_digest(call.get("arguments"), self.worktree)
         with self._lock:  # one decision at a time: the gate counts calls, the ledger chains rows
             self._latency = t0
             self._digest = digest
@@ -258,15 +268,31 @@ class GateService:
             self.summary.by_code[decision.code.value] = self.summary.by_code.get(decision.code.value, 0) + 1
             if decision.call_id:
                 self.seen[decision.call_id] = decision.verdict.value
+            if decision.code is GateCode.APPROVAL_REQUIRED:
+                self.held.append({"call_id": decision.call_id, "tool": decision.tool, "input_sha256": digest,
+                                  "reason": decision.reason})
         return self.dialect.answer(decision)
 
     def _row(self, d: Decision) -> None:
         # Before the decision takes effect: a call whose row cannot be written is not allowed (the gate's
         # caller sees the exception and denies).
-        self._write("gate.call", {"jobId": self.job_id, "cli": self.dialect.name, "tool": d.tool[:200],
+        self._write("gate.call", {"jobId": self.job_id, "cli": self.dialect.name, "ticket": self.ticket,
+                                  "repo": self.repo, "tool": d.tool[:200],
                                   "call_id": d.call_id[:200], "input_sha256": self._digest,
                                   "verdict": d.verdict.value, "code": d.code.value, "reason": d.reason[:500],
                                   "latency_ms": round((time.monotonic() - self._latency) * 1000, 2)})
+
+    def _grant(self, call: Any) -> str | None:
+        """The unused one-time grant a person gave this ticket for exactly this call (tool and input), used up
+        here: a `gate.grant_used` row. None: the call stays held."""
+        used = {r.payload.get("grant") for r in self.ledger.rows(kind="gate.grant_used")}
+        for row in self.ledger.rows(kind="gate.grant"):
+            p = row.payload
+            if (row.id not in used and p.get("ticket") == self.ticket and p.get("repo") == self.repo
+                    and p.get("tool") == call.tool and p.get("input_sha256") == self._digest):
+                self._write("gate.grant_used", {"jobId": self.job_id, "grant": row.id, "call_id": call.call_id})
+                return f"grant #{row.id} by {p.get('by') or 'a person'}"
+        return None
 
     def _write(self, kind: str, payload: dict[str, Any]) -> None:
         self.ledger.append(kind, payload, job_id=self.job_id)
@@ -279,8 +305,10 @@ class GateService:
     def watch(self) -> Callable[[str, bytes], str | None]:
         """Reads the CLI's output stream as it comes: keeps every tool call it shows (for `bypassed`), and ends
         the run at the first one made while the CLI's hooks never said they were loaded (the session-start
-        hook runs before the model is first asked)."""
+        hook runs before the model is first asked). A dialect's `stream_marks` (optional) name the lines its
+        `tool_uses` reads; claude's are those with `"tool_use"`."""
         partial = b""
+        marks: tuple[bytes, ...] = getattr(self.dialect, "stream_marks", (b'"tool_use"',))
 
         def watch(stream: str, chunk: bytes) -> str | None:
             nonlocal partial
@@ -288,7 +316,7 @@ class GateService:
                 return None
             lines = (partial + chunk).split(b"\n")
             partial = lines.pop()[-1_000_000:]
-            text = b"\n".join(ln for ln in lines if b'"tool_use"' in ln).decode("utf-8", "replace")
+            text = b"\n".join(ln for ln in lines if any(m in ln for m in marks)).decode("utf-8", "replace")
             uses = self.dialect.tool_uses(text) if text else []
             self.streamed.update(uses)
             if uses and not self.summary.armed:
@@ -296,6 +324,13 @@ class GateService:
             return None
 
         return watch
+
+
+def input_digest(arguments: Any, worktree: Path) -> str:
+    """sha256 of a call's input with the job's worktree written as `<worktree>`: the same call in the next
+    job of a ticket (another worktree) has the same digest, which is what a person's grant names."""
+    text = json.dumps(arguments, sort_keys=True, default=str).replace(str(worktree), "<worktree>")
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def settings_path(dir: Path, cli: str) -> Path:

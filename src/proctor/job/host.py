@@ -386,7 +386,8 @@ def _start_gate(job: _Job, wt: worktree.Worktree, result: RunAgentResult) -> gat
     else:
         task = gatekeeper.default_task(job.request.task, wt.path, spec.network and bool(spec.egress), dialect.tools)
     service = gatekeeper.GateService(dialect, task, policy, job.ledger, job.job_id, _gate_dir(job),
-                                     stop=job.stop.reason, worktree=wt.path)
+                                     stop=job.stop.reason, worktree=wt.path, ticket=job.request.ticket,
+                                     repo=str(wt.repo.path))
     try:
         return service.start()
     except OSError as exc:
@@ -396,6 +397,10 @@ def _start_gate(job: _Job, wt: worktree.Worktree, result: RunAgentResult) -> gat
 def _gate_result(job: _Job, gate: gatekeeper.GateService, result: RunAgentResult) -> None:
     summary = gate.summary
     result.gate = summary.as_dict(gate.dialect.name, gatekeeper.settings_path(gate.dir, gate.dialect.name))
+    if gate.held:
+        result.gate["pending"] = gate.held
+        result.status, result.code = Status.approval_required, Code.APPROVAL_REQUIRED
+        job.risks.append(f"a tool call is held for a person: {gate.held[0]['reason']}")
     if gate.bypassed:
         result.status, result.code = Status.failed, Code.BYPASS
         job.risks.append("tool calls the gate never decided (its hook did not run): " + _names(gate.bypassed))
@@ -688,6 +693,8 @@ def _poll(job: _Job) -> Callable[[], str | None]:
         reason = stop.reason()
         if reason:
             return f"stopped: {reason}"
+        if job.gate is not None and job.gate.held:
+            return f"approval: {job.gate.held[0]['tool']} is held for a person"
         reason = cancel() if cancel is not None else None
         return f"cancelled: {reason}" if reason else None
 

@@ -1,0 +1,220 @@
+"""Gemini CLI 0.61's hook dialect for the job's gate service (proctor.job.gatekeeper).
+
+Every tool call gemini makes runs its BeforeTool hooks first, then its policy engine (measured: the hook
+cannot grant, only deny; research/gating.md). For one job only, never the user's ~/.gemini:
+
+- the hooks (BeforeTool -> the gate; SessionStart -> "armed") are in a **system settings** file in the
+  job's gate dir, named by `GEMINI_CLI_SYSTEM_SETTINGS_PATH`. The user's own settings and credentials
+  (~/.gemini) still load below it, so auth survives. Gemini reads that file only when it and every ancestor
+  directory are owned by uid 0 and not group/other-writable, which holds inside proctor's bubblewrap
+  sandbox when proctor runs as root (the gate dir bound read-only on the sandbox's own /tmp); anywhere
+  else it is skipped with a warning, no hook runs, and the first tool call ends the run BYPASS.
+- a **policy** file (`--policy {gate_dir}/gemini-policy.toml`, user tier; it replaces ~/.gemini/policies
+  for the run) compiled from the declaration: the declared, permitted tools allowed; the declared tools
+  the task or the trusted policy does not permit denied with the gate's code; every other tool denied,
+  `[proctor TOOL_UNDECLARED]`. Its rules carry an `argsPattern`, so the tools stay registered and every
+  call still reaches the hook (one ledger row per call, the model hears the gate's reason); the policy is
+  the static backstop when a hook does not run. It beats `--approval-mode yolo`'s allow-all.
+- gemini runs a hook that crashes, is killed or prints garbage as an **allow** (exit 1 and any non-JSON
+  text with exit 0 allow). So the BeforeTool command is wrapped: the client under `timeout -s KILL`, and
+  any exit but 0 becomes exit 2 with `[proctor GATE_UNAVAILABLE]` on stderr, which gemini blocks on.
+  What stays open: gemini's own hook timeout (an allow) if the wrapper itself cannot finish in
+  HOOK_TIMEOUT_MS; the reconciliation below catches such a call.
+
+Reconciliation: gemini's hook input carries no call id, so a call is named `<tool>#<n>` (the n-th hooked
+call of that tool); its `--output-format stream-json` output names each call's `tool_result` the same way,
+counting only calls that reached the hook stage (not `tool_not_registered` / `invalid_tool_params`, which
+gemini rejects before any hook). A tool that ran with no gate row shows up as an unmatched name.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from proctor.gate import CallVerdict, Decision, ToolRule, tool_rules
+from proctor.task import Effect
+
+if TYPE_CHECKING:
+    from proctor.job.gatekeeper import Answer
+    from proctor.policy import Policy
+    from proctor.task import AgentTask
+
+# Gemini CLI 0.61's built-in tools (its *_TOOL_NAME constants and the declarations `-p --approval-mode yolo`
+# sends its model API, measured) and what each does.
+GEMINI_TOOLS: dict[str, tuple[Effect, bool]] = {
+    "run_shell_command": (Effect.shell, False),
+    # Background shells the shell tool started: reading or listing them is part of the shell capability.
+    "list_background_processes": (Effect.shell, False), "read_background_output": (Effect.shell, False),
+    "write_file": (Effect.write, False), "replace": (Effect.write, False),
+    "read_file": (Effect.read, False), "read_many_files": (Effect.read, False),
+    "list_directory": (Effect.read, False), "glob": (Effect.read, False), "grep_search": (Effect.read, False),
+    "search_file_content": (Effect.read, False),  # grep_search's legacy name
+    "web_fetch": (Effect.network, True), "google_web_search": (Effect.network, True),
+    # A subagent's own tool calls pass the same hook (research/gating.md "Coverage").
+    "invoke_agent": (Effect.none, False), "activate_skill": (Effect.none, False),
+    "update_topic": (Effect.none, False), "write_todos": (Effect.none, False),
+    "enter_plan_mode": (Effect.none, False), "exit_plan_mode": (Effect.none, False),
+    "complete_task": (Effect.none, False), "get_internal_docs": (Effect.none, False),
+    "ask_user": (Effect.none, False),
+    **{f"tracker_{n}": (Effect.none, False) for n in ("create_task", "update_task", "get_task", "list_tasks",
+                                                       "add_dependency", "visualize")},
+}
+# Where each tool names its paths in tool_input (0.61's parameter schemas): a file, a directory (the shell's
+# cwd included), a glob; read_many_files takes a list.
+PATH_KEYS = ("file_path", "dir_path", "absolute_path", "path")
+PATH_LIST_KEYS = ("include", "paths")
+# Tools that act on the workspace when they name no path.
+CWD_TOOLS = frozenset({"list_directory", "glob", "grep_search", "search_file_content", "read_many_files"})
+# tool_result error types gemini gives a call it rejected before running any hook (scheduler: the tool is
+# not registered, or its arguments do not build): such a call never ran and was never asked of the gate.
+BEFORE_HOOKS = frozenset({"tool_not_registered", "invalid_tool_params"})
+
+HOOK_TIMEOUT_MS = 60_000  # gemini's own hook timeout (its default); a timeout there is an allow
+KILL_AFTER_S = 30  # the wrapper kills the client after this (the client itself gives up at 20 s)
+POLICY_FILE = "gemini-policy.toml"
+# A policy toolName gemini reads literally: no wildcard (`*`), nothing TOML or a regex could misread.
+_LITERAL = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
+
+
+class GeminiDialect:
+    """Gemini CLI 0.61's BeforeTool/SessionStart hooks (system settings file + `--policy`, stream-json)."""
+
+    name = "gemini"
+    tools = GEMINI_TOOLS
+    # The lines of its output stream `tool_uses` reads (GateService.watch): calls and their results.
+    stream_marks = (b'"tool_use"', b'"tool_result"')
+    kill_after_s = KILL_AFTER_S
+
+    def __init__(self) -> None:
+        self._rules: dict[str, ToolRule] | None = None
+        self._lock = threading.Lock()
+        self._hooked: dict[str, int] = {}  # tool -> hooked calls so far (the gate's call ids)
+        self._streamed: dict[str, int] = {}  # tool -> calls the stream showed reaching the hook stage
+        self._names: dict[str, str] = {}  # stream tool_id -> tool name
+
+    def bind(self, task: AgentTask, policy: Policy) -> None:
+        """The job's declaration, before `files()`: the policy file is compiled from it."""
+        self._rules = tool_rules(task, policy)
+
+    # --- one call ------------------------------------------------------------------------------------
+
+    def call(self, payload: dict[str, Any], worktree: Path) -> dict[str, Any]:
+        tool = str(payload.get("tool_name", ""))
+        raw = payload.get("tool_input")
+        args: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        paths = [str(args[k]) for k in PATH_KEYS if isinstance(args.get(k), str) and args[k]]
+        for k in PATH_LIST_KEYS:
+            if isinstance(args.get(k), list):
+                paths += [str(p) for p in args[k] if isinstance(p, str) and p]
+        if tool == "glob" and isinstance(args.get("pattern"), str) and args["pattern"]:
+            paths.append(args["pattern"])  # a glob is a path pattern: "/etc/*" is outside the workspace
+        if not paths and tool in CWD_TOOLS:
+            paths = [str(worktree)]
+        with self._lock:
+            n = self._hooked[tool] = self._hooked.get(tool, 0) + 1
+        return {"tool": tool, "arguments": args, "paths": paths, "call_id": f"{tool}#{n}"}
+
+    def answer(self, d: Decision) -> Answer:
+        from proctor.job.gatekeeper import Answer
+
+        if d.verdict is CallVerdict.run:
+            return Answer(json.dumps({"decision": "allow"}))
+        # The model sees "Tool execution blocked: <reason>" (measured).
+        return Answer(json.dumps({"decision": "deny", "reason": f"[proctor {d.code.value}] {d.reason}"}))
+
+    # --- installing the hook for one job -------------------------------------------------------------
+
+    def files(self, hook: list[str], dir: Path) -> dict[str, str]:
+        """The system settings file (the hooks) and the policy file, relative to the gate dir."""
+        return {f"{self.name}-settings.json": json.dumps(self.settings(hook, dir), indent=1),
+                POLICY_FILE: self.policy_toml()}
+
+    def settings(self, hook: list[str], dir: Path) -> dict[str, Any]:
+        # No `name`: a hook is known by its command, which holds the job's random gate dir, so a repo's own
+        # `hooksConfig.disabled` (a union over every settings layer) cannot name it in advance.
+        def entry(event: str, command: str, **extra: Any) -> dict[str, Any]:
+            return {"matcher": "*", **extra, "hooks": [{"type": "command", "command": command,
+                                                        "timeout": HOOK_TIMEOUT_MS}]}
+
+        session = self._killed_after(" ".join(shlex.quote(a) for a in [*hook, "SessionStart"]))
+        # Sequential: a repo's own BeforeTool hook that rewrites tool_input runs before ours (system settings
+        # merge last), so the gate decides the arguments that would run, not the model's originals.
+        return {"hooksConfig": {"enabled": True},
+                "hooks": {"BeforeTool": [entry("BeforeTool", self.guarded(hook), sequential=True)],
+                          "SessionStart": [entry("SessionStart", session)]}}
+
+    def guarded(self, hook: list[str]) -> str:
+        """The BeforeTool command: the client (told the gate's event name), killed after kill_after_s, and
+        any failure of it an exit 2 with the reason on stderr (gemini's blocking form)."""
+        client = self._killed_after(" ".join(shlex.quote(a) for a in [*hook, "PreToolUse"]))
+        unavailable = shlex.quote("[proctor GATE_UNAVAILABLE] the gate's hook failed (exit ")
+        return f"{client} || {{ rc=$?; [ $rc -eq 2 ] || echo {unavailable}\"$rc)\" >&2; exit 2; }}"
+
+    def _killed_after(self, command: str) -> str:
+        # A hung SessionStart hook holds gemini's start for its whole hook timeout (measured: 60 s).
+        timeout = shutil.which("timeout")
+        return f"{shlex.quote(timeout)} -s KILL {int(self.kill_after_s)} {command}" if timeout else command
+
+    def policy_toml(self) -> str:
+        lines = ["# proctor: this job's declared task as gemini policy rules (user tier). Every rule has an",
+                 "# argsPattern so the tools stay registered and each call still reaches proctor's hook.", ""]
+
+        def rule(tool: str, decision: str, priority: int, message: str = "") -> None:
+            lines.extend(["[[rule]]", f"toolName = {_toml(tool)}", 'argsPattern = ".*"',
+                          f'decision = "{decision}"', f"priority = {priority}"])
+            if message:
+                lines.append(f"denyMessage = {_toml(message)}")
+            lines.append("")
+
+        rule("*", "deny", 990, "[proctor TOOL_UNDECLARED] the job's declared task does not name this tool")
+        for r in (self._rules or {}).values():
+            if not _LITERAL.match(r.name):
+                continue  # the catch-all denies it; the gate still decides it first
+            if r.denial is not None:
+                rule(r.name, "deny", 999, f"[proctor PERMISSION] {r.denial}")
+            elif r.effect_forbidden:
+                rule(r.name, "deny", 999, f"[proctor POLICY_BLOCKED] the trusted policy forbids effect "
+                                          f"{r.effect.value!r}")
+            else:
+                rule(r.name, "allow", 995)
+        return "\n".join(lines)
+
+    def env(self, dir: Path) -> dict[str, str]:
+        return {"GEMINI_CLI_SYSTEM_SETTINGS_PATH": str(dir / f"{self.name}-settings.json")}
+
+    # --- its own output stream -----------------------------------------------------------------------
+
+    def tool_uses(self, stdout: str) -> list[tuple[str, str]]:
+        """(`<tool>#<n>`, tool) of every call gemini's stream-json shows past its pre-hook checks, named as
+        `call()` names the hooked calls of that tool."""
+        found = []
+        for line in stdout.splitlines():
+            try:
+                ev = json.loads(line)
+            except (ValueError, RecursionError):
+                continue
+            if not isinstance(ev, dict):
+                continue
+            tool_id = str(ev.get("tool_id", ""))
+            if ev.get("type") == "tool_use":
+                self._names[tool_id] = str(ev.get("tool_name", ""))
+            elif ev.get("type") == "tool_result":
+                err = ev.get("error")
+                if isinstance(err, dict) and err.get("type") in BEFORE_HOOKS:
+                    continue
+                name = self._names.get(tool_id, "?")
+                with self._lock:
+                    n = self._streamed[name] = self._streamed.get(name, 0) + 1
+                found.append((f"{name}#{n}", name))
+        return found
+
+
+def _toml(s: str) -> str:
+    """A TOML basic string (JSON's escapes are TOML's; non-ASCII kept as is, never a surrogate escape)."""
+    return json.dumps(s, ensure_ascii=False)
