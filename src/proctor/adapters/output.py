@@ -191,11 +191,16 @@ def read_gemini(stdout: str, stderr: str) -> Reading:
 def read_gemini_stream(stdout: str, stderr: str) -> Reading:
     """`--output-format stream-json`: the assistant's last message (its text after the last tool result) and
     the `result` event's status. Measured on 0.61: an API error is `result` with `status: "error"` and the
-    CLI's `[API Error: <the API's error JSON>]` as its message; a startup failure (exit 41) is prose on stderr;
-    without a `result` event it reads as `--output-format json` does."""
+    CLI's `[API Error: <the API's error JSON>]` as its message; a startup failure (exit 41) is prose on stderr.
+    `--output-format json`'s one object reads as `read_gemini` reads it."""
     events = list(_json_lines(stdout))
-    if not any("type" in ev for ev in events):  # `--output-format json`'s one object, or no event at all
-        return read_gemini(stdout, stderr)
+    if not any("type" in ev for ev in events):
+        if _last_json(stdout) is not None:  # `--output-format json`'s one object (a user's own adapter)
+            return read_gemini(stdout, stderr)
+        # No stream at all: it failed before starting one (0.61 prints a startup failure, exit 41 included,
+        # as prose on stderr in this format), which is its claim.
+        early = read_gemini("", stderr)
+        return early if early.claimed_status else Reading(early.summary, "failed", error_text=early.error_text)
     text, last, result = "", "", None
     for ev in events:
         kind = ev.get("type")

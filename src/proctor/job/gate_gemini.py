@@ -12,7 +12,7 @@ cannot grant, only deny; research/gating.md). For one job only, never the user's
 - a **policy** file (`--policy {gate_dir}/gemini-policy.toml`, user tier; it replaces ~/.gemini/policies
   for the run) compiled from the declaration: the declared, permitted tools allowed; the declared tools
   the task or the trusted policy does not permit denied with the gate's code; every other tool denied,
-  `[proctor TOOL_UNDECLARED]`. Its rules carry an `argsPattern`, so the tools stay registered and every
+  `[proctor TOOL_UNDECLARED]`. Its denials carry an `argsPattern`, so the tools stay registered and every
   call still reaches the hook (one ledger row per call, the model hears the gate's reason); the policy is
   the static backstop when a hook does not run. It beats `--approval-mode yolo`'s allow-all.
 - gemini runs a hook that crashes, is killed or prints garbage as an **allow** (exit 1 and any non-JSON
@@ -73,6 +73,8 @@ PATH_LIST_KEYS = ("include", "paths")
 CWD_TOOLS = frozenset({"list_directory", "glob", "grep_search", "search_file_content", "read_many_files"})
 # tool_result error types gemini gives a call it rejected before running any hook (scheduler: the tool is
 # not registered, or its arguments do not build): such a call never ran and was never asked of the gate.
+# (`invalid_tool_params` also follows a user's hook that rewrote a call into arguments that do not build:
+# hooked but not counted, so it can hide one later unhooked call of that tool from the count.)
 BEFORE_HOOKS = frozenset({"tool_not_registered", "invalid_tool_params"})
 
 HOOK_TIMEOUT_MS = 60_000  # gemini's own hook timeout (its default); a timeout there is an allow
@@ -143,8 +145,10 @@ class GeminiDialect:
                                                         "timeout": HOOK_TIMEOUT_MS}]}
 
         session = self._killed_after(" ".join(shlex.quote(a) for a in [*hook, "SessionStart"]))
-        # Sequential: a repo's own BeforeTool hook that rewrites tool_input runs before ours (system settings
-        # merge last), so the gate decides the arguments that would run, not the model's originals.
+        # Sequential: BeforeTool lists concatenate with system settings last, so a user's own hook in
+        # ~/.gemini runs before ours, and one that rewrites tool_input has the gate decide the rewritten
+        # arguments (measured). A repo's `.gemini/settings.json` is not merged at all under --skip-trust
+        # (measured on 0.61: its hooks, hooksConfig and tools.core took no effect).
         return {"hooksConfig": {"enabled": True},
                 "hooks": {"BeforeTool": [entry("BeforeTool", self.guarded(hook), sequential=True)],
                           "SessionStart": [entry("SessionStart", session)]}}
@@ -162,14 +166,16 @@ class GeminiDialect:
         return f"{shlex.quote(timeout)} -s KILL {int(self.kill_after_s)} {command}" if timeout else command
 
     def policy_toml(self) -> str:
-        lines = ["# proctor: this job's declared task as gemini policy rules (user tier). Every rule has an",
-                 "# argsPattern so the tools stay registered and each call still reaches proctor's hook.", ""]
+        lines = ["# proctor: this job's declared task as gemini policy rules (user tier). A deny has an",
+                 "# argsPattern, so the tool stays registered and each call still reaches proctor's hook (a",
+                 "# global deny would unregister it). An allow has none: with one, gemini denies a shell command",
+                 "# its parser cannot read in yolo mode; the gate decides those.", ""]
 
         def rule(tool: str, decision: str, priority: int, message: str = "") -> None:
-            lines.extend(["[[rule]]", f"toolName = {_toml(tool)}", 'argsPattern = ".*"',
-                          f'decision = "{decision}"', f"priority = {priority}"])
-            if message:
-                lines.append(f"denyMessage = {_toml(message)}")
+            lines.extend(["[[rule]]", f"toolName = {_toml(tool)}", f'decision = "{decision}"',
+                          f"priority = {priority}"])
+            lines.extend([f"denyMessage = {_toml(message)}", 'argsPattern = ".*"'] if message else
+                         ["allowRedirection = true"])
             lines.append("")
 
         rule("*", "deny", 990, "[proctor TOOL_UNDECLARED] the job's declared task does not name this tool")
