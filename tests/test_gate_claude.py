@@ -79,3 +79,52 @@ def test_the_hook_client_denies_when_its_gate_is_unreachable(tmp_path):
     assert p.returncode == 2 and b"[proctor GATE_UNAVAILABLE]" in p.stderr and p.stdout == b""
     garbage = subprocess.run([sys.executable, "-I", "-S", str(HOOK_CLIENT)], input=b"x", capture_output=True)
     assert garbage.returncode == 2 and b"GATE_UNAVAILABLE" in garbage.stderr
+
+
+def drive_claude(tmp_path: Path, hook: str, install: list[str] | None) -> tuple[Path, list[str]]:
+    """The real claude, one PreToolUse hook running `hook`, against the scripted model: the work dir and the
+    tool results the model was sent. `install`: the job's gate args (None: acceptEdits, no gate)."""
+    import os
+    import shutil
+
+    from modelserver import ScriptedModel
+    from test_real_cli_jobs import BIN, CLIS, KEY, TASK, need
+
+    from proctor.config import builtin_agents
+
+    need(CLIS["claude"])
+    spec = builtin_agents()["claude"]
+    work = tmp_path / "work"
+    work.mkdir()
+    settings = tmp_path / "claude-settings.json"
+    entry = {"matcher": "*", "hooks": [{"type": "command", "command": hook, "timeout": 2}]}
+    settings.write_text(json.dumps({"hooks": {"PreToolUse": [entry]}}))
+    args = ([a.replace("{gate_settings}", str(settings)) for a in spec.gate_args] if install is not None
+            else ["--settings", str(settings), "--permission-mode", "acceptEdits"])
+    home = tmp_path / "home"
+    home.mkdir()
+    with ScriptedModel(tmp_path / "model", ACTION) as model:
+        shutil.copy(model.ca_file, home / "ca.pem")
+        env = {"PATH": os.environ["PATH"], "HOME": str(home), "ANTHROPIC_API_KEY": KEY,
+               "ANTHROPIC_BASE_URL": model.url, "NODE_EXTRA_CA_CERTS": str(home / "ca.pem"),
+               "CLAUDE_CODE_MAX_RETRIES": "0", **spec.env_under(str(home))}
+        subprocess.run([str(BIN / "claude"), *args, "-p", "--output-format", "stream-json", "--verbose", "--",
+                        TASK], cwd=work, env=env, capture_output=True, timeout=120)
+        return work, [e.tool_result for e in model.requests if e.tool_result]
+
+
+@pytest.mark.realcli
+@pytest.mark.parametrize("hook", ["exit 1", "sleep 30", "echo not-json", "/nonexistent/hook"])
+def test_claudes_fail_open_hook_paths_are_denies_under_the_jobs_install_args(tmp_path, hook):
+    """research/gating.md: every claude hook failure is non-blocking (crash, timeout, garbage, a hook that
+    cannot start) and the tool runs; under the install args a job uses (`dontAsk`, `--setting-sources ''`)
+    the same failures leave the tool not run."""
+    work, results = drive_claude(tmp_path, hook, install=[])
+    assert not (work / ACTION.name).exists(), hook
+    assert results and not any("File created successfully" in r for r in results), results
+
+
+@pytest.mark.realcli
+def test_control_the_same_crashing_hook_under_accept_edits_lets_the_tool_run(tmp_path):
+    work, results = drive_claude(tmp_path, "exit 1", install=None)
+    assert (work / ACTION.name).exists() and any("File created successfully" in r for r in results), results
