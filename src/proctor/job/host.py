@@ -16,12 +16,12 @@ import shutil
 import sys
 import tempfile
 import time
-
-from pydantic import ValidationError
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+
+from pydantic import ValidationError
 
 from proctor import confine
 from proctor.adapters.output import Backend
@@ -30,13 +30,13 @@ from proctor.breaker import Breaker, evidence_for
 from proctor.config import Config, ConfigError, load_config
 from proctor.confine.egress import EgressProxy
 from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status
+from proctor.home import proctor_home
 from proctor.job import cgroup, environment, frozen, gatekeeper, landing, record, validate, worktree
 from proctor.job.agent_version import VERSION_TIMEOUT_S, agent_version, executable, inside
 from proctor.job.attempts import run_attempts
 from proctor.job.cgroup import Limits
 from proctor.job.git import unredirected_env
 from proctor.job.process import Limited, LocalRunner, ProcessRunner, Spawn
-from proctor.home import proctor_home
 from proctor.ledger import Ledger, LedgerError, LedgerFull
 from proctor.policy import Policy, PolicyError
 from proctor.progress import NullProgress, Progress
@@ -275,7 +275,7 @@ def _run(job: _Job, breaker: Breaker) -> RunAgentResult:
 
 def _in_worktree(job: _Job, repo: worktree.Repo, base: worktree.Base, confiner: confine.Confiner,
                  inv: Invocation, env: dict[str, str], result: RunAgentResult) -> None:
-    req, spec = job.request, job.spec
+    req = job.request
     job.progress.phase("creating the worktree")
     wt = worktree.create(repo, job.job_id, req.ticket, base)
     if isinstance(wt, worktree.Failure):

@@ -22,10 +22,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from proctor.job import worktree
+from proctor.job import record, worktree
 from proctor.job.git import git
 from proctor.ledger import Ledger, LedgerError
-from proctor.job import record
 from proctor.review.jobs import Job, load_jobs, parse_ts
 from proctor.review.outcome import Code, Outcome, refuse
 

@@ -17,9 +17,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from proctor.job import worktree
+from proctor.job import record, worktree
 from proctor.ledger import Ledger, Row
-from proctor.job import record
 from proctor.review.outcome import Code, Outcome, refuse
 
 GATE_KINDS = ("gate.decision", "gate.refusal", "egress.decision")

@@ -29,10 +29,9 @@ from typing import Any
 
 from proctor import confine
 from proctor.config import Config
-from proctor.job import environment, frozen, landing, validate, worktree
+from proctor.job import environment, frozen, landing, record, validate, worktree
 from proctor.job.git import unredirected_env
 from proctor.job.process import LocalRunner, ProcessRunner
-from proctor.job import record
 
 PYTEST_NO_TESTS = 5
 
