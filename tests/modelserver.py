@@ -145,6 +145,15 @@ def _cwd(text: str) -> str | None:
     return None
 
 
+def tool_results(body: dict, ids: Any) -> list[dict]:
+    """The `tool_result` blocks of an Anthropic Messages request that answer one of our tool calls (`ids`)."""
+    messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+    return [b for m in messages if isinstance(m, dict) and m.get("role") == "user"
+            and isinstance(m.get("content"), list)
+            for b in m["content"] if isinstance(b, dict) and b.get("type") == "tool_result"
+            and b.get("tool_use_id") in ids]
+
+
 class ScriptedModel:
     """The server; a context manager. `url` is its https base (no path), `requests` the log (also written
     to `log_file` as JSON lines when given)."""
@@ -356,10 +365,7 @@ class ScriptedModel:
 
     def _anthropic(self, body: dict, path: str, entry: Logged) -> tuple[int, str, bytes]:
         messages = body.get("messages") if isinstance(body.get("messages"), list) else []
-        results = [b for m in messages if isinstance(m, dict) and m.get("role") == "user"
-                   and isinstance(m.get("content"), list)
-                   for b in m["content"] if isinstance(b, dict) and b.get("type") == "tool_result"
-                   and b.get("tool_use_id") in self.call_ids]
+        results = tool_results(body, self.call_ids)
         tools = {t.get("name"): t for t in body.get("tools") or [] if isinstance(t, dict)}
         model = body.get("model", "claude-scripted")
         mid = f"msg_{uuid.uuid4().hex[:20]}"
@@ -495,11 +501,7 @@ class McpScriptedModel(ScriptedModel):
         return {"type": "tool_use", "id": cid, "name": name, "input": tool_input}
 
     def _anthropic(self, body: dict, path: str, entry: Logged) -> tuple[int, str, bytes]:
-        messages = body.get("messages") if isinstance(body.get("messages"), list) else []
-        results = [b for m in messages if isinstance(m, dict) and m.get("role") == "user"
-                   and isinstance(m.get("content"), list)
-                   for b in m["content"] if isinstance(b, dict) and b.get("type") == "tool_result"
-                   and b.get("tool_use_id") in self.answered]
+        results = tool_results(body, self.answered)
         tools = {t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)}
         model = body.get("model", "claude-scripted")
         last = results[-1] if results else None
