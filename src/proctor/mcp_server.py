@@ -469,7 +469,8 @@ class Surface:
             raise Refusal(INVALID_ARGUMENTS, "reason goes with force: give force true, or no reason")
         with _ledger() as ledger:
             found = _find(ledger, args.job, "land")
-            out = land_mod.land(ledger, found, into=args.into, mode=args.mode, force=args.force, reason=args.reason)
+            out = land_mod.land(ledger, found, into=args.into, mode=args.mode, force=args.force, reason=args.reason,
+                                via="mcp")
         if not out.ok:
             raise _refused(out)
         return out.to_dict()
@@ -477,7 +478,7 @@ class Surface:
     def discard(self, args: JobArgs) -> dict[str, Any]:
         with _ledger() as ledger:
             found = _find(ledger, args.job, "discard")
-            out = gc_mod.discard(ledger, found)
+            out = gc_mod.discard(ledger, found, via="mcp")
         if not out.ok:
             raise _refused(out)
         return out.to_dict()

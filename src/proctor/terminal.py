@@ -35,7 +35,7 @@ _SHORT = {"\t": "\\t", "\n": "\\n", "\r": "\\r", "\\": "\\\\"}
 _EXPLICIT_RE = re.compile(f"[{_EXPLICIT}]")
 
 
-def _is_dangerous(ch: str) -> bool:
+def is_dangerous(ch: str) -> bool:
     return bool(_EXPLICIT_RE.match(ch)) or unicodedata.category(ch) in _DANGEROUS_CATEGORIES
 
 # Candidates: anything but printable ASCII (and the backslash, which `visible` doubles); each is then checked.
@@ -43,7 +43,8 @@ _VISIBLE_RE = re.compile(r"[^\x20-\x5b\x5d-\x7e]")
 _JSON_RE = re.compile(r"[^\x00-\x7e]")
 
 
-def _escape(ch: str) -> str:
+def escape_char(ch: str) -> str:
+    """One dangerous character as `visible` shows it: `\\t`, `\\x1b`, `\\u202e`."""
     short = _SHORT.get(ch)
     if short is not None:
         return short
@@ -63,7 +64,7 @@ def visible(text: object) -> str:
 
 def _visible_one(m: re.Match[str]) -> str:
     ch = m.group()
-    return _escape(ch) if ch == "\\" or _is_dangerous(ch) else ch
+    return escape_char(ch) if ch == "\\" or is_dangerous(ch) else ch
 
 
 def _json_escape(ch: str) -> str:
@@ -87,9 +88,9 @@ def json_safe(text: str) -> str:
 
 def _json_one(m: re.Match[str]) -> str:
     ch = m.group()
-    return _json_escape(ch) if _is_dangerous(ch) else ch
+    return _json_escape(ch) if is_dangerous(ch) else ch
 
 
 def is_safe(text: str) -> bool:
     """True when `text` holds no character `visible` would escape (backslash aside)."""
-    return not any(_is_dangerous(ch) for ch in text)
+    return not any(is_dangerous(ch) for ch in text)

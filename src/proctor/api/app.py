@@ -31,6 +31,8 @@ from proctor.queue.backend import QueueBackend, check_name, valid_job_id
 from proctor.queue.envelope import EnvelopeError, Sealed, unseal, verify
 from proctor.queue.sent import SentStore
 from proctor.queue.signers import TrustStore
+from proctor.web import app as web
+from proctor.web.app import Site
 
 MAX_WAIT_S = 60.0
 JOB_ID = Path(pattern=r"^[A-Za-z0-9_-]{1,128}$", description="A job id returned by POST /v1/jobs.")
@@ -112,13 +114,14 @@ def _errors(exc: ValidationError | RequestValidationError) -> list[dict[str, Any
 
 
 def create_app(
-    backend_factory: Callable[[], Awaitable[QueueBackend]],
+    backend_factory: Callable[[], Awaitable[QueueBackend]] | None,
     trust: TrustStore,
     sent: SentStore | None = None,
     *,
     bind: str = "127.0.0.1",
     allow_hosts: Iterable[str] = (),
     limits: HttpLimits | None = None,
+    review: Site | None = None,
 ) -> FastAPI:
     """`sent`: where this API records the envelopes it accepted (default: `$PROCTOR_HOME/queue-sent`). A job's
     state and result are bound to that record (the host its envelope named, its digest), never to the job
@@ -126,17 +129,28 @@ def create_app(
 
     `bind` and `allow_hosts`: the names a request's Host (and a browser's Origin) may carry, besides
     127.0.0.1, localhost and [::1], always on the port the request arrived on. `limits`: body cap and
-    deadlines (serve the app with `guard.server_config` for the header deadline and connection cap)."""
+    deadlines (serve the app with `guard.server_config` for the header deadline and connection cap).
+
+    `backend_factory` None: no queue (`proctor serve --no-queue`); every /v1 route answers 503
+    QUEUE_DISABLED. `review`: the review page (proctor.web) under /review, behind the same guard."""
     state: dict[str, QueueBackend] = {}
     sent_store = sent or SentStore()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if backend_factory is None:
+            yield
+            return
         state["backend"] = await backend_factory()
         try:
             yield
         finally:
             await state["backend"].close()
+
+    def backend() -> QueueBackend:
+        if "backend" not in state:
+            raise ApiError(503, "QUEUE_DISABLED", "this server runs without a queue (proctor serve --no-queue)")
+        return state["backend"]
 
     limits = limits or HttpLimits()
     app = FastAPI(title="proctor queue", version="1", lifespan=lifespan)
@@ -159,11 +173,15 @@ def create_app(
         log.error("unhandled error in the HTTP API", exc_info=exc)
         return problem(500, "INTERNAL", "internal error; the server log has the details")
 
+    if review is not None:
+        web.mount(app, review)
+
     body_schema = {"requestBody": {"required": True, "content": {"application/json": {
         "schema": EnvelopeIn.model_json_schema()}}}}
 
     @app.post("/v1/jobs", status_code=202, response_model=Accepted, responses=errors, openapi_extra=body_schema)
     async def post_job(request: Request) -> Accepted:
+        queue = backend()
         media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
         if media != "application/json" and not media.endswith("+json"):
             raise ApiError(415, "UNSUPPORTED_MEDIA_TYPE", f"the body must be application/json, not {media[:80]!r}")
@@ -195,7 +213,7 @@ def create_app(
         if problems:
             raise ApiError(422, "INVALID_PAYLOAD", problems)
         try:
-            done = await sender.publish(state["backend"], Sealed(env.alg, env.body, env.sig), sent=sent_store)
+            done = await sender.publish(queue, Sealed(env.alg, env.body, env.sig), sent=sent_store)
         except Exception as exc:  # noqa: BLE001 - the queue is down or refused: the client may retry
             raise ApiError(503, "QUEUE_UNAVAILABLE",
                            f"the queue did not accept the job: {type(exc).__name__}: {exc}") from None
@@ -203,7 +221,7 @@ def create_app(
 
     @app.get("/v1/jobs/{job_id}", response_model=JobState, responses=errors)
     async def get_job(job_id: str = JOB_ID) -> dict[str, Any]:
-        out = await sender.status(state["backend"], trust, job_id, sent=sent_store)
+        out = await sender.status(backend(), trust, job_id, sent=sent_store)
         if out is None:
             raise ApiError(404, "UNKNOWN_JOB", f"no job {job_id}")
         return out
@@ -212,11 +230,12 @@ def create_app(
     async def get_result(
         job_id: str = JOB_ID, wait: float = Query(0.0, ge=0.0, le=MAX_WAIT_S, description="Seconds to wait.")
     ) -> Any:
-        res = await sender.wait(state["backend"], trust, job_id, wait, sent=sent_store)
+        queue = backend()
+        res = await sender.wait(queue, trust, job_id, wait, sent=sent_store)
         if isinstance(res, EnvelopeError) and res.code == "UNKNOWN_JOB":
             raise ApiError(404, "UNKNOWN_JOB", f"no job {job_id} was accepted by this API")
         if res is None or not isinstance(res, sender.SignedResult):
-            out = await sender.status(state["backend"], trust, job_id, sent=sent_store)
+            out = await sender.status(queue, trust, job_id, sent=sent_store)
             return JSONResponse(status_code=202, content=out)
         return {"jobId": job_id, **sender.result_view(res)}
 

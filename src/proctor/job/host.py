@@ -156,8 +156,9 @@ def _recorded(request, config, runner, progress, cancel, job_id, ledger, stop, s
         return refused(request, [f"the job's start could not be recorded ({exc}); nothing was launched"],
                        _ledger_code(exc), start)
     record.started(job_id)  # host.json: who runs the job, so review tells running from abandoned
+    live = record.LiveProgress(job_id, progress or NullProgress())  # progress.json: the review page's
     try:
-        result = _admit_and_run(request, config, runner, progress, cancel, job_id, ledger, stop, start)
+        result = _admit_and_run(request, config, runner, live, cancel, job_id, ledger, stop, start)
     except LedgerError as exc:
         result = refused(request, [f"a ledger row could not be written, so the job was ended: {exc}"],
                          _ledger_code(exc), start)

@@ -1,11 +1,13 @@
 """A job's host-side record: the files proctor keeps of each run_agent job under $PROCTOR_HOME/jobs/<jobId>/.
 
-Owns three files and reading them back:
+Owns four files and reading them back:
 
     host.json      written as the job starts: the host's pid, that process's start time and the boot id,
                    so a later reader tells a job that is still running from one whose host died
     result.json    written as the job ends: the result JSON exactly as `run-agent` printed it
     request.json   beside it: the request it answered (the validation command `land` runs again)
+    progress.json  rewritten while the job runs (`LiveProgress`): its phases and the last output line, so
+                   a reader in another process (the review page) shows a running job's progress
 
 They live under $PROCTOR_HOME, which no confined agent can read (README "Confinement"); the ledger, not
 these files, is the authority on a job's commit (`job.tree`), so a reader checks one against the other.
@@ -19,11 +21,15 @@ import json
 import os
 import re
 import stat
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from proctor.home import proctor_home
+from proctor.job.process import Watch
+from proctor.terminal import visible
 
 JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_RECORD_BYTES = 64 * 1024 * 1024  # a result holds output tails (64 KB a command): far below this
@@ -117,6 +123,7 @@ class Record:
     result: dict[str, Any] | None
     request: dict[str, Any] | None
     host: dict[str, Any] | None
+    progress: dict[str, Any] | None = None
 
     def host_alive(self) -> bool | None:
         """True while the process that ran the job lives; False once it died (or the machine rebooted);
@@ -138,4 +145,89 @@ def load(job_id: str) -> Record:
         d = job_dir(job_id)
     except ValueError:
         return Record(None, None, None)
-    return Record(_read_json(d / "result.json"), _read_json(d / "request.json"), _read_json(d / "host.json"))
+    return Record(_read_json(d / "result.json"), _read_json(d / "request.json"), _read_json(d / "host.json"),
+                  _read_json(d / "progress.json"))
+
+
+class LiveProgress:
+    """The host's `Progress` for one job, passed through to `inner` and kept in progress.json.
+
+    A phase is written as it starts; the last output line at most every `LINE_EVERY_S` (an agent that
+    prints a line a millisecond costs one small write a second, not a thousand). Text is escaped
+    (`terminal.visible`) and cut to `LINE_CHARS` before it is stored: the agent shaped it.
+    """
+
+    LINE_EVERY_S = 1.0
+    LINE_CHARS = 300
+    MAX_PHASES = 200
+
+    def __init__(self, job_id: str, inner: Any) -> None:
+        self.job_id, self.inner = job_id, inner
+        self._start = time.monotonic()
+        self._lock = threading.Lock()
+        self._phases: list[dict[str, Any]] = []
+        self._last = ""
+        self._written = 0.0
+        self._ended: str | None = None
+        self._timer: threading.Timer | None = None
+        try:
+            self._path: Path | None = job_dir(job_id) / "progress.json"
+        except ValueError:
+            self._path = None
+
+    def _elapsed(self) -> float:
+        return round(time.monotonic() - self._start, 1)
+
+    def _write(self) -> None:
+        """Under the lock: the whole state as one file, replaced atomically (a reader sees old or new)."""
+        if self._path is None:
+            return
+        self._written = time.monotonic()
+        _write(self._path, json.dumps({
+            "phase": self._phases[-1]["name"] if self._phases else "starting", "phases": self._phases,
+            "lastLine": self._last, "elapsedS": self._elapsed(), "ended": self._ended,
+            "updated": time.time()}))
+
+    def phase(self, name: str) -> None:
+        with self._lock:
+            if len(self._phases) < self.MAX_PHASES:
+                self._phases.append({"name": visible(name)[:self.LINE_CHARS], "at": self._elapsed()})
+            self._last = ""
+            self._write()
+        self.inner.phase(name)
+
+    def watch(self, inner: Watch | None) -> Watch | None:
+        outer = self.inner.watch(inner)
+
+        def w(stream: str, chunk: bytes) -> str | None:
+            lines = [ln for ln in chunk[-4096:].decode("utf-8", "replace").splitlines() if ln.strip()]
+            if lines:
+                with self._lock:
+                    self._last = visible(lines[-1][-self.LINE_CHARS:])[-self.LINE_CHARS:]
+                    wait = self.LINE_EVERY_S - (time.monotonic() - self._written)
+                    if wait <= 0:
+                        self._write()
+                    elif self._timer is None:
+                        # A line that arrives too soon is written when its second is up, not lost
+                        # because the agent then said nothing more.
+                        self._timer = threading.Timer(wait, self._flush)
+                        self._timer.daemon = True
+                        self._timer.start()
+            return outer(stream, chunk) if outer else None
+
+        return w
+
+    def _flush(self) -> None:
+        with self._lock:
+            self._timer = None
+            if self._ended is None:
+                self._write()
+
+    def done(self, result: Any) -> None:
+        with self._lock:
+            self._ended = f"{result.status.value} ({result.code.value})"
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._write()
+        self.inner.done(result)

@@ -155,12 +155,13 @@ def _write(ledger: Ledger, kind: str, payload: dict[str, Any], job_id: str | Non
     return None
 
 
-def _discard_one(ledger: Ledger, job: Job, fp: Footprint, by: str) -> Outcome:
-    failed = _write(ledger, "review.discard.start", {"jobId": job.job_id, "by": by, **fp.to_dict()}, job.job_id)
+def _discard_one(ledger: Ledger, job: Job, fp: Footprint, by: str, via: str = "cli") -> Outcome:
+    failed = _write(ledger, "review.discard.start", {"jobId": job.job_id, "by": by, "via": via, **fp.to_dict()},
+                    job.job_id)
     if failed:
         return refuse(Code.LEDGER_FAILED, f"{failed}; nothing was removed")
     problems = _remove(fp)
-    row = {"jobId": job.job_id, "by": by, "ok": not problems, "problems": problems, **fp.to_dict()}
+    row = {"jobId": job.job_id, "by": by, "via": via, "ok": not problems, "problems": problems, **fp.to_dict()}
     late = _write(ledger, "review.discard", row, job.job_id)
     details = {"freed": fp.to_dict(), "problems": problems, **({"ledger_warning": late} if late else {})}
     if problems:
@@ -172,12 +173,13 @@ def _running(job: Job) -> bool:
     return job.ended is None and job.host_alive is True
 
 
-def discard(ledger: Ledger, job: Job) -> Outcome:
-    """Remove one job's checkout, branch and objects, whatever its state, unless it is still running."""
+def discard(ledger: Ledger, job: Job, via: str = "cli") -> Outcome:
+    """Remove one job's checkout, branch and objects, whatever its state, unless it is still running;
+    `via` names the surface that asked (cli, web, mcp) in its rows."""
     if _running(job):
         return refuse(Code.JOB_RUNNING, f"job {job.job_id} is still running (its host, pid "
                       f"{(job.record.host or {}).get('pid')}, is alive): nothing was removed")
-    return _discard_one(ledger, job, footprint(job), "discard")
+    return _discard_one(ledger, job, footprint(job), "discard", via)
 
 
 def collectable(job: Job, older_than_s: float, now: datetime) -> str | None:

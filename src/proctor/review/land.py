@@ -205,15 +205,17 @@ def _target_for(job: Job, into: str | None, repo: worktree.Repo) -> str | Outcom
 
 
 def land(ledger: Ledger, job: Job, *, into: str | None = None, mode: Mode = "auto", force: bool = False,
-         reason: str = "", config: Config | None = None, stop: StopSwitch | None = None) -> Outcome:
-    """Land `job` into `into` (default: the job's base branch); every outcome is also a `review.land` row."""
+         reason: str = "", config: Config | None = None, stop: StopSwitch | None = None,
+         via: str = "cli") -> Outcome:
+    """Land `job` into `into` (default: the job's base branch); every outcome is also a `review.land` row,
+    naming the surface it came through (`via`: cli, web, mcp)."""
     start = time.monotonic()
     out = _land(ledger, job, into, mode, force, reason, config, stop or StopSwitch())
     out.details.setdefault("jobId", job.job_id)
     out.details["seconds"] = round(time.monotonic() - start, 3)
     if out.code is not Code.LEDGER_FAILED:
         row = {"ok": out.ok, "code": out.code.value, "reason": out.reason, "jobId": job.job_id, "forced": force,
-               "force_reason": reason if force else None,
+               "force_reason": reason if force else None, "via": via,
                **{k: v for k, v in out.details.items() if k not in ("revalidation_output", "jobId")}}
         try:
             ledger.append("review.land", row, job_id=job.job_id, reserve=out.ok)

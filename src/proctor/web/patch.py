@@ -1,0 +1,208 @@
+"""A job's patch as the review page shows it: one section a file, each line numbered and highlighted.
+
+Owns splitting `git diff-tree -p` output (proctor.review.diff made it, from objects alone) into files and
+hunks, and turning each line into escaped HTML: Pygments, with the lexer chosen by the file's name only
+(never by its content: no guessing), over the hunk's text with the +/- column taken off, so a string or
+comment spanning lines is coloured as the file has it. Every byte of it is the agent's: nothing is marked
+safe that Pygments did not escape, and the page is cut at stated limits, each cut said on the page.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from markupsafe import Markup, escape
+from pygments import highlight
+from pygments.formatters import HtmlFormatter
+from pygments.lexer import Lexer
+from pygments.lexers import get_lexer_for_filename
+from pygments.lexers.special import TextLexer
+from pygments.util import ClassNotFound
+
+from proctor.terminal import escape_char, is_dangerous
+
+MAX_FILE_LINES = 3000  # of one file's patch shown; the rest is named, not shown
+MAX_TOTAL_LINES = 20000  # of the whole patch on one page
+MAX_LINE_CHARS = 2000  # of one line (a minified file is one line)
+HIGHLIGHT_MAX_LINES = 5000  # a hunk longer than this is shown escaped, uncoloured (Pygments is slow on it)
+CSS_CLASS = "hl"
+_CANDIDATE = re.compile(r"[^\x20-\x7e]")  # a character that may be invisible or reorder what is shown
+
+
+@dataclass(frozen=True)
+class Line:
+    kind: str  # add | del | ctx | hunk | meta
+    old: int | None
+    new: int | None
+    html: Markup
+
+
+@dataclass
+class FileDiff:
+    header: str  # the `diff --git` line, as text
+    path: str  # the new path (the old one for a deletion), as git wrote it
+    status: str  # added | deleted | modified | renamed | binary
+    added: int = 0
+    removed: int = 0
+    lines: list[Line] = field(default_factory=list)
+    cut: int = 0  # lines of this file not shown (a limit)
+
+
+@dataclass(frozen=True)
+class Page:
+    files: list[FileDiff]
+    cut_files: int  # files not shown at all (the page limit)
+
+
+def _path_from_header(header: str) -> str:
+    """`diff --git a/P b/P` -> P (the halves are equal but for a rename, when +++ or `rename to` says)."""
+    rest = header[len("diff --git "):]
+    half = (len(rest) - 1) // 2
+    if len(rest) % 2 == 1 and rest[half] == " " and rest[:half].startswith("a/") and rest[half + 1:].startswith("b/") \
+            and rest[2:half] == rest[half + 3:]:
+        return rest[2:half]
+    return rest
+
+
+def _lexer(path: str) -> Lexer:
+    return _lexer_for(path.rsplit("/", 1)[-1].strip('"'))
+
+
+@lru_cache(maxsize=256)
+def _lexer_for(name: str) -> Lexer:
+    try:
+        lexer = get_lexer_for_filename(name, stripnl=False, stripall=False, ensurenl=False)
+    except ClassNotFound:
+        lexer = TextLexer(stripnl=False, ensurenl=False)
+    return lexer
+
+
+_FORMATTER = HtmlFormatter(nowrap=True, classprefix=f"{CSS_CLASS}-")
+
+
+def stylesheet() -> str:
+    """The colours of the highlighted tokens (served from the package, like every asset of the page)."""
+    return HtmlFormatter(style="default", classprefix=f"{CSS_CLASS}-").get_style_defs(".code")
+
+
+def _reveal_one(m: re.Match[str]) -> str:
+    ch = m.group()
+    if ch == "\t" or not is_dangerous(ch):
+        return ch
+    return f'<span class="ctl" title="U+{ord(ch):04X}">{escape_char(ch)}</span>'
+
+
+def reveal(html: str) -> Markup:
+    """Escaped HTML with every control, bidi and invisible character (Trojan Source) shown as a marked
+    escape: a reviewer sees the bytes that reorder or hide code, not their effect. Such characters occur
+    only in text nodes of escaped HTML, so marking them up there is safe."""
+    return Markup(_CANDIDATE.sub(_reveal_one, html))
+
+
+def _colour(texts: list[str], lexer: Lexer) -> list[Markup]:
+    """Each text line highlighted; the result has exactly one entry a line (or all escaped when it cannot)."""
+    if len(texts) > HIGHLIGHT_MAX_LINES or isinstance(lexer, TextLexer):
+        return [reveal(escape(t)) for t in texts]
+    out = highlight("\n".join(texts) + "\n", lexer, _FORMATTER).split("\n")
+    if out and out[-1] == "":
+        out.pop()
+    if len(out) != len(texts):  # a lexer that folded or split lines: fall back, never misalign
+        return [reveal(escape(t)) for t in texts]
+    return [reveal(o) for o in out]
+
+
+def _status(meta: list[str]) -> str:
+    for m in meta:
+        if m.startswith("new file mode"):
+            return "added"
+        if m.startswith("deleted file mode"):
+            return "deleted"
+        if m.startswith("rename to ") or m.startswith("rename from "):
+            return "renamed"
+        if m.startswith("Binary files ") or m == "GIT binary patch":
+            return "binary"
+    return "modified"
+
+
+def _hunk_start(line: str) -> tuple[int, int]:
+    """`@@ -a,b +c,d @@ ...` -> (a, c)."""
+    try:
+        spec = line.split("@@")[1].split()
+        return int(spec[0][1:].split(",")[0]), int(spec[1][1:].split(",")[0])
+    except (IndexError, ValueError):
+        return 0, 0
+
+
+def _file(header: str, body: list[str], budget: int) -> FileDiff:
+    meta: list[str] = []
+    i = 0
+    while i < len(body) and not body[i].startswith("@@"):
+        meta.append(body[i])
+        i += 1
+    path = _path_from_header(header)
+    for m in meta:
+        if m.startswith("rename to "):
+            path = m[len("rename to "):]
+        elif m.startswith("+++ b/"):
+            path = m[len("+++ b/"):]
+    fd = FileDiff(header, path, _status(meta))
+    fd.lines.extend(Line("meta", None, None, reveal(escape(m[:MAX_LINE_CHARS]))) for m in meta
+                    if not m.startswith(("--- ", "+++ ", "index ")))
+    lexer = _lexer(path)
+    rows = body[i:]
+    fd.added = sum(1 for r in rows if r.startswith("+"))
+    fd.removed = sum(1 for r in rows if r.startswith("-"))
+    shown = rows[:min(MAX_FILE_LINES, budget)]
+    fd.cut = len(rows) - len(shown)
+    # Hunk by hunk: the header line, then its lines coloured together.
+    j = 0
+    while j < len(shown):
+        if not shown[j].startswith("@@"):
+            j += 1
+            continue
+        old, new = _hunk_start(shown[j])
+        fd.lines.append(Line("hunk", None, None, reveal(escape(shown[j][:MAX_LINE_CHARS]))))
+        k = j + 1
+        while k < len(shown) and not shown[k].startswith("@@"):
+            k += 1
+        hunk = shown[j + 1:k]
+        texts = [h[1:MAX_LINE_CHARS] for h in hunk]
+        for h, html in zip(hunk, _colour(texts, lexer), strict=True):
+            mark = h[:1]
+            if mark == "+":
+                fd.lines.append(Line("add", None, new, html))
+                new += 1
+            elif mark == "-":
+                fd.lines.append(Line("del", old, None, html))
+                old += 1
+            elif mark == "\\":  # "\ No newline at end of file"
+                fd.lines.append(Line("meta", None, None, reveal(escape(h[:MAX_LINE_CHARS]))))
+            else:
+                fd.lines.append(Line("ctx", old, new, html))
+                old, new = old + 1, new + 1
+        j = k
+    return fd
+
+
+def split(patch: bytes) -> Page:
+    """The patch's files, within the page's limits (a file past them is counted in `cut_files`)."""
+    text = patch.decode("utf-8", "replace")
+    sections: list[tuple[str, list[str]]] = []
+    for line in text.split("\n"):
+        if line.startswith("diff --git "):
+            sections.append((line, []))
+        elif sections:
+            sections[-1][1].append(line)
+    files: list[FileDiff] = []
+    budget = MAX_TOTAL_LINES
+    for header, body in sections:
+        if body and body[-1] == "":
+            body.pop()
+        if budget <= 0:
+            break
+        fd = _file(header, body, budget)
+        budget -= len(fd.lines)
+        files.append(fd)
+    return Page(files, len(sections) - len(files))

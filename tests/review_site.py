@@ -1,0 +1,88 @@
+"""A real `proctor serve --no-queue` for the review page's tests: a subprocess on a free loopback port, with
+this test's PROCTOR_HOME and PATH (fake agent CLIs), and its sign-in address read from its stderr."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+PROCTOR = Path(sys.executable).with_name("proctor")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, *extra: str) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen([str(PROCTOR), "serve", "--no-queue", "--port", str(self.port), *extra],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy())
+        self.err: list[str] = []
+        self.login_url = ""
+        got = threading.Event()
+
+        def read() -> None:
+            assert self.proc.stderr is not None
+            for raw in self.proc.stderr:
+                line = raw.decode("utf-8", "replace")
+                self.err.append(line)
+                m = re.search(r"review page: (http://\S+)", line)
+                if m:
+                    self.login_url = m.group(1)
+                    got.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        assert got.wait(30), f"proctor serve printed no sign-in address: {''.join(self.err)}"
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.token = self.login_url.split("token=", 1)[1]
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(self.base + "/favicon.ico", timeout=2)
+                break
+            except httpx.TransportError:
+                assert self.proc.poll() is None, f"proctor serve exited: {''.join(self.err)}"
+                assert time.monotonic() < deadline, "proctor serve did not answer in 30 s"
+                time.sleep(0.1)
+
+    def client(self, signed_in: bool = True) -> httpx.Client:
+        c = httpx.Client(base_url=self.base, timeout=120, follow_redirects=False)
+        if signed_in:
+            r = c.get(f"/review/login?token={self.token}")
+            assert r.status_code == 303, r.text
+        return c
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError("proctor serve did not stop within 15 s of SIGTERM") from None
+        assert "Traceback" not in "".join(self.err), "".join(self.err)
+
+
+def run_job(repo: Path, ticket: str, validate: str = "true", agent: str = "claude", task: str = "do it") -> dict:
+    p = subprocess.run([str(PROCTOR), "run-agent", "--agent", agent, "--task", task, "--repo", str(repo),
+                        "--ticket", ticket, "--validate-cmd", validate], capture_output=True, timeout=180,
+                       env=os.environ.copy())
+    assert b"Traceback" not in p.stderr, p.stderr.decode()
+    return json.loads(p.stdout)
+
+
+def start_job(repo: Path, ticket: str, validate: str = "true") -> subprocess.Popen:
+    return subprocess.Popen([str(PROCTOR), "run-agent", "--agent", "claude", "--task", "slow", "--repo", str(repo),
+                             "--ticket", ticket, "--validate-cmd", validate], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=os.environ.copy())

@@ -1,0 +1,289 @@
+"""The review page over real HTTP (a `proctor serve --no-queue` subprocess, real jobs, real git): who may
+use it, what a forged form gets, what an agent's bytes become in the HTML, the live stream, the diff's
+splitting and its stated limits. The browser's own view is tests/test_review_browser.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import sh
+from review_site import PROCTOR, Server, run_job, start_job
+
+from proctor.ledger import Ledger
+from proctor.testing import Behaviour
+from proctor.web import patch
+
+
+@pytest.fixture
+def server():
+    s = Server()
+    yield s
+    s.stop()
+
+
+def rows(kind: str, job_id: str | None = None) -> list:
+    with Ledger.default() as led:
+        return led.rows(kind=kind, job_id=job_id)
+
+
+def csrf_of(html: str) -> str:
+    return html.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+
+
+# -- who may use it ---------------------------------------------------------------------------------------
+
+def test_the_page_needs_this_installs_token_and_the_cookie_is_strict(server):
+    home = Path(os.environ["PROCTOR_HOME"])
+    token_file = home / "review-token"
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600 and token_file.read_text().strip() == server.token
+    anon = server.client(signed_in=False)
+    r = anon.get("/review")
+    assert r.status_code == 401 and "review-token" in r.text and "<table" not in r.text
+    assert anon.get("/review/events").status_code == 401
+    r = anon.get("/review/login?token=" + "x" * 43)
+    assert r.status_code == 401 and "not this install" in r.text and "set-cookie" not in r.headers
+    # The control: the right token signs in, with a cookie a browser keeps off every other site.
+    r = anon.get(f"/review/login?token={server.token}")
+    assert r.status_code == 303 and r.headers["location"] == "/review"
+    cookie = r.headers["set-cookie"].lower()
+    assert "httponly" in cookie and "samesite=strict" in cookie and "path=/review" in cookie
+    assert server.token not in r.headers["set-cookie"], "the cookie must not carry the login token itself"
+    assert anon.get("/review").status_code == 200
+    # A script may send the token as a bearer instead.
+    assert httpx.get(server.base + "/review", headers={"Authorization": f"Bearer {server.token}"}).status_code == 200
+    logins = [r.payload["ok"] for r in rows("review.web.login")]
+    assert logins == [False, True]
+
+
+def test_a_token_file_others_can_read_is_refused_with_a_clear_error():
+    home = Path(os.environ["PROCTOR_HOME"])
+    (home / "review-token").write_text("y" * 43 + "\n")
+    (home / "review-token").chmod(0o644)
+    p = subprocess.run([str(PROCTOR), "serve", "--no-queue", "--port", "1"], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2 and "readable by others" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_every_page_carries_a_strict_csp_and_no_caching(server, repo, fake):
+    fake("claude", Behaviour(writes={"a.txt": "a\n"}))
+    job = run_job(repo, "T-1")["jobId"]
+    c = server.client()
+    for path in ("/review", f"/review/jobs/{job}", "/review/static/review.css"):
+        r = c.get(path)
+        assert r.status_code == 200, path
+        csp = r.headers["content-security-policy"]
+        assert "script-src 'self'" in csp and "default-src 'none'" in csp and "frame-ancestors 'none'" in csp
+        assert r.headers["cache-control"] == "no-store" and r.headers["x-frame-options"] == "DENY"
+    assert "<script" not in c.get(f"/review/jobs/{job}").text.replace('<script src="/review/static/review.js" defer>'
+                                                                      '</script>', "")
+    assert c.get("/review/static/../app.py").status_code == 404
+    assert c.get("/review/static/nothing.js").status_code == 404
+
+
+# -- forged forms ---------------------------------------------------------------------------------------
+
+def test_a_post_without_this_pages_csrf_token_or_from_another_origin_lands_nothing(server, repo, fake):
+    fake("claude", Behaviour(writes={"fix.txt": "fixed\n"}))
+    res = run_job(repo, "T-1", "test -f fix.txt")
+    assert res["status"] == "completed", res
+    job, before = res["jobId"], sh("git", "rev-parse", "master", cwd=repo).strip()
+    c = server.client()
+    token = csrf_of(c.get(f"/review/jobs/{job}").text)
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    assert c.post(f"/review/jobs/{job}/land", content="mode=auto", headers=form).status_code == 403
+    assert c.post(f"/review/jobs/{job}/land", content="csrf=" + "0" * 64, headers=form).status_code == 403
+    assert c.post(f"/review/jobs/{job}/land", json={"csrf": token}).status_code == 403  # not a form
+    r = c.post(f"/review/jobs/{job}/land", content=f"csrf={token}", headers={**form, "origin": "http://evil.example"})
+    assert r.status_code == 403 and r.json()["code"] == "FOREIGN_ORIGIN"
+    anon = server.client(signed_in=False)
+    assert anon.post(f"/review/jobs/{job}/land", content=f"csrf={token}", headers=form).status_code == 401
+    assert sh("git", "rev-parse", "master", cwd=repo).strip() == before and not rows("review.land", job)
+    # The control: the page's own form, same origin, lands it.
+    r = c.post(f"/review/jobs/{job}/land", content=f"csrf={token}&mode=auto",
+               headers={**form, "origin": server.base})
+    assert r.status_code == 303
+    page = c.get(r.headers["location"])
+    assert "land done" in page.text and "OK" in page.text
+    assert sh("git", "rev-parse", "master", cwd=repo).strip() == res["commit"]
+    landed = rows("review.land", job)
+    assert len(landed) == 1 and landed[0].payload["ok"] and landed[0].payload["via"] == "web"
+    # The outcome is shown once: a reload does not show it again, nor land again.
+    assert "land done" not in c.get(r.headers["location"]).text
+
+
+def test_a_host_header_of_another_name_is_refused_before_the_page(server):
+    r = httpx.get(server.base + "/review", headers={"host": f"rebound.example:{server.port}",
+                                                   "Authorization": f"Bearer {server.token}"})
+    assert r.status_code == 421 and r.json()["code"] == "MISDIRECTED_HOST"
+
+
+# -- what the agent wrote, in the page ----------------------------------------------------------------
+
+HOSTILE = "<script>window.__pwned=1</script><img src=x onerror=\"window.__pwned=2\">"
+
+
+def test_an_agents_markup_file_names_and_bidi_are_shown_as_text(server, repo, fake):
+    name = "<b onmouseover=alert(1)>x.py"
+    fake("claude", Behaviour(writes={name: f"s = '{HOSTILE}'\nok = 'admin\u202e // not'\n"},
+                             stdout=f"I fixed it {HOSTILE}"))
+    res = run_job(repo, "T-1")
+    assert res["jobId"], res
+    html = server.client().get(f"/review/jobs/{res['jobId']}").text
+    assert "<script>window" not in html and "<img src=x" not in html and "<b onmouseover" not in html
+    assert "&lt;script&gt;" in html and "&lt;b onmouseover=alert(1)&gt;x.py" in html
+    assert "\u202e" not in html and 'class="ctl" title="U+202E">\\u202e</span>' in html
+
+
+def test_the_failed_jobs_page_shows_the_hosts_validation_output_and_risks(server, repo, fake):
+    fake("claude", Behaviour(writes={"a.txt": "a\n"}, stdout=json.dumps({"type": "result", "is_error": False,
+                                                                      "result": "all tests pass, trust me"}) + "\n"))
+    res = run_job(repo, "T-2", "echo 'assertion: 2 + 2 is not 5' >&2; exit 3")
+    assert res["status"] == "failed" and res["code"] == "VALIDATION_FAILED"
+    html = server.client().get(f"/review/jobs/{res['jobId']}").text
+    assert 'class="verdict bad"' in html and ">FAILED<" in html and "VALIDATION_FAILED" in html
+    assert "assertion: 2 + 2 is not 5" in html and "exit 3" in html
+    assert "all tests pass, trust me" in html and "its claim, not the verdict" in html
+    assert "Land anyway" in html and "Not landable as is" in html
+    shown = rows("review.show", res["jobId"])
+    assert shown and shown[-1].payload["via"] == "web"
+
+
+def test_landing_a_failed_job_from_the_page_is_refused_unless_forced_with_a_reason(server, repo, fake):
+    fake("claude", Behaviour(writes={"a.txt": "a\n"}))
+    res = run_job(repo, "T-3", "exit 1")
+    job, c = res["jobId"], server.client()
+    token = csrf_of(c.get(f"/review/jobs/{job}").text)
+    form = {"content-type": "application/x-www-form-urlencoded", "origin": server.base}
+
+    def land(body: str) -> str:
+        r = c.post(f"/review/jobs/{job}/land", content=f"csrf={token}&{body}", headers=form)
+        assert r.status_code == 303
+        return c.get(r.headers["location"]).text
+
+    assert "NOT_LANDABLE" in land("mode=auto")
+    assert "FORCE_NEEDS_REASON" in land("mode=auto&force=on&reason=")
+    assert "land done" in land("mode=auto&force=on&reason=reviewed+by+hand")
+    landed = [r.payload for r in rows("review.land", job)]
+    assert [p["code"] for p in landed] == ["NOT_LANDABLE", "FORCE_NEEDS_REASON", "OK"]
+    assert landed[-1]["forced"] and landed[-1]["force_reason"] == "reviewed by hand"
+
+
+def test_discard_from_the_page_removes_the_worktree_and_branch(server, repo, fake):
+    fake("claude", Behaviour(writes={"a.txt": "a\n"}))
+    res = run_job(repo, "T-4")
+    c = server.client()
+    token = csrf_of(c.get(f"/review/jobs/{res['jobId']}").text)
+    r = c.post(f"/review/jobs/{res['jobId']}/discard", content=f"csrf={token}",
+               headers={"content-type": "application/x-www-form-urlencoded"})
+    assert "discard done" in c.get(r.headers["location"]).text
+    assert not Path(res["worktreePath"]).exists()
+    assert "wt/" not in sh("git", "branch", "--list", cwd=repo)
+    assert rows("review.discard", res["jobId"])[-1].payload["via"] == "web"
+    assert c.get("/review/jobs/nope").status_code == 404
+
+
+def test_the_list_filters_by_repo_and_status(server, tmp_path, fake):
+    from conftest import make_repo
+
+    fake("claude", Behaviour(writes={"a.txt": "a\n"}))
+    one, two = make_repo(tmp_path / "one"), make_repo(tmp_path / "two")
+    good = run_job(one, "T-good")["jobId"]
+    bad = run_job(two, "T-bad", "exit 1")["jobId"]
+    c = server.client()
+    assert good in c.get("/review").text and bad in c.get("/review").text
+    only_two = c.get("/review", params={"repo": str(two)}).text
+    assert bad in only_two and good not in only_two
+    failed = c.get("/review", params={"status": "failed"}).text
+    assert bad in failed and good not in failed
+    assert "No jobs match" in c.get("/review", params={"status": "landed"}).text
+
+
+# -- live --------------------------------------------------------------------------------------------
+
+def _events(server: Server, query: str, until, timeout: float = 60.0) -> list[dict]:
+    """Rows from /review/events until `until(row)` holds for one of them."""
+    seen: list[dict] = []
+    headers = {"Authorization": f"Bearer {server.token}"}
+    deadline = time.monotonic() + timeout
+    with httpx.stream("GET", server.base + "/review/events" + query, headers=headers, timeout=timeout) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                got = json.loads(line[6:])
+                seen.extend(got)
+                if any(until(row) for row in got):
+                    return seen
+            assert time.monotonic() < deadline, json.dumps(seen, indent=1)[-3000:]
+    raise AssertionError(f"the stream ended first: {seen}")
+
+
+def test_the_stream_sends_a_running_jobs_phase_and_last_line_then_its_end(server, repo, fake):
+    fake("claude", Behaviour(writes={"a.txt": "a\n"}, stdout="step 1 of 3: reading the code\n", sleep=4))
+    proc = start_job(repo, "T-live")
+    try:
+        seen = _events(server, "", lambda r: r["status"] == "running"
+                       and "reading the code" in (r.get("progress") or {}).get("lastLine", ""))
+        live = [r for r in seen if r["status"] == "running"][-1]
+        assert live["progress"]["phase"].startswith("running claude") and live["reviewBadge"] == "live"
+        job = live["jobId"]
+        ended = _events(server, f"?job={job}", lambda r: r["status"] == "completed")
+        assert all(r["jobId"] == job for r in ended) and "progress" not in ended[-1]
+    finally:
+        out, err = proc.communicate(timeout=120)
+    assert json.loads(out)["status"] == "completed", err.decode()[-2000:]
+
+
+# -- the diff, split and highlighted ------------------------------------------------------------------
+
+def _patch(*files: tuple[str, list[str]]) -> bytes:
+    out = []
+    for name, lines in files:
+        out += [f"diff --git a/{name} b/{name}", "index 1..2 100644", f"--- a/{name}", f"+++ b/{name}",
+                f"@@ -1,{len(lines)} +1,{len(lines)} @@", *lines]
+    return ("\n".join(out) + "\n").encode()
+
+
+def test_the_patch_is_split_by_file_numbered_and_highlighted_by_name():
+    page = patch.split(_patch(("a b.py", [" x = 1", "-y = 2", "+y = 'three'"]), ("notes.txt", ["+<b>"])))
+    a, n = page.files
+    assert a.path == "a b.py" and (a.added, a.removed) == (1, 1) and a.status == "modified"
+    kinds = [(ln.kind, ln.old, ln.new) for ln in a.lines]
+    assert kinds == [("hunk", None, None), ("ctx", 1, 1), ("del", 2, None), ("add", None, 2)]
+    assert 'class="hl-s1"' in a.lines[-1].html  # a Python string, coloured
+    assert n.lines[-1].html == "&lt;b&gt;"  # text: escaped, never guessed into markup
+    assert page.cut_files == 0
+
+
+def test_a_huge_patch_is_cut_at_stated_limits_never_silently():
+    big = [f"+line {i}" for i in range(patch.MAX_FILE_LINES + 500)]
+    page = patch.split(_patch(("big.py", big), ("small.py", ["+x"])))
+    assert page.files[0].cut == 501 and len(page.files[0].lines) == patch.MAX_FILE_LINES
+    many = patch.split(_patch(*[(f"f{i}.txt", [f"+{i}"] * 100) for i in range(400)]))
+    shown = sum(len(f.lines) for f in many.files)
+    assert shown <= patch.MAX_TOTAL_LINES + patch.MAX_FILE_LINES and many.cut_files > 0
+    assert len(many.files) + many.cut_files == 400
+
+
+def test_a_land_refused_on_re_validation_shows_the_merged_trees_output(server, repo, fake):
+    fake("claude", Behaviour(writes={"a.txt": "a\n"}))
+    res = run_job(repo, "T-5", "if [ -f late.txt ]; then echo 'late.txt breaks the build' >&2; exit 4; fi")
+    assert res["status"] == "completed", res
+    (repo / "late.txt").write_text("moved\n")
+    sh("git", "add", "late.txt", cwd=repo)
+    sh("git", "commit", "-qm", "the target moves", cwd=repo)
+    moved = sh("git", "rev-parse", "master", cwd=repo).strip()
+    c = server.client()
+    token = csrf_of(c.get(f"/review/jobs/{res['jobId']}").text)
+    r = c.post(f"/review/jobs/{res['jobId']}/land", content=f"csrf={token}&mode=auto",
+               headers={"content-type": "application/x-www-form-urlencoded"})
+    html = c.get(r.headers["location"]).text
+    assert "land refused" in html and "REVALIDATION_FAILED" in html
+    assert "late.txt breaks the build" in html and "exit 4" in html
+    assert sh("git", "rev-parse", "master", cwd=repo).strip() == moved
