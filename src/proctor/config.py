@@ -87,6 +87,37 @@ class LimitsSettings(BaseModel):
                       disk=self.disk, memory_total=self.memory_total or ram * 3 // 4)
 
 
+class QueueSettings(BaseModel):
+    """`[queue]`: where the fleet's NATS servers are and how this machine reaches them. `servers` lists any
+    of a cluster's nodes (a client fails over to the others); `tls_ca` verifies the servers' certificates
+    (required by a `tls://` URL), `tls_cert`/`tls_key` are this machine's client certificate when the server
+    asks for one, `nkey_seed` this machine's NKEY seed file (its user's permissions are the server's)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    servers: list[str] = Field(default_factory=list)
+    replicas: int | None = Field(default=None, ge=1, le=5)
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    nkey_seed: str | None = None
+
+    @field_validator("servers")
+    @classmethod
+    def _check_servers(cls, v: list[str]) -> list[str]:
+        for url in v:
+            if not url.startswith(("nats://", "tls://")) or "," in url:
+                raise ValueError(f"{url!r} is not a nats:// or tls:// URL (one a list entry)")
+        return v
+
+    @field_validator("tls_ca", "tls_cert", "tls_key", "nkey_seed")
+    @classmethod
+    def _check_file(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).expanduser().is_file():
+            raise ValueError(f"{v!r} is not a file")
+        return v
+
+
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -99,6 +130,7 @@ class Config(BaseModel):
     # operator's over the base's committed `.proctor.toml` (proctor.job.environment).
     repos: dict[str, dict[str, Any]] = Field(default_factory=dict)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    queue: QueueSettings = Field(default_factory=QueueSettings)
     source: str | None = None
     # Per built-in adapter the user's config overlays: the keys it set (`env` keys as "env.NAME").
     overlays: dict[str, tuple[str, ...]] = Field(default_factory=dict)

@@ -1,9 +1,9 @@
 """`proctor enqueue | send | listen | job | cancel | keys`: thin commands over proctor.queue.
 
-Each parses, calls one queue service and prints JSON. The queue is `--queue nats://HOST:PORT`, else
-`$PROCTOR_QUEUE`, else this home's bundled nats-server (started on 127.0.0.1 if it is not running). On a
-fleet server with NKEY auth, `$PROCTOR_QUEUE_NKEY_SEED` names this machine's seed file (`listen --nkey-seed`
-too); see proctor.queue.jetstream for the per-host permissions.
+Each parses, calls one queue service and prints JSON. The queue is `--queue nats://HOST:PORT[,...]`, else
+`$PROCTOR_QUEUE`, else `[queue] servers` of config.toml (any nodes of a cluster), else this home's bundled
+nats-server (started on 127.0.0.1 with a token only this user reads, if it is not running). TLS, the NKEY
+seed and the token come from proctor.queue.connection; see proctor.queue.fleet for the permissions.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any, NoReturn
 import click
 
 from proctor.cli import main
-from proctor.config import ConfigError, load_config
+from proctor.config import ConfigError, QueueSettings, load_config
 from proctor.home import ensure_home
 from proctor.ledger import Ledger
-from proctor.queue import keys, sender, server
+from proctor.queue import connection, keys, sender, server
 from proctor.queue.audit import BatchedAudit
 from proctor.queue.envelope import ED25519, HMAC_SHA256, EnvelopeError
 from proctor.queue.jetstream import JetStreamBackend
@@ -42,19 +42,29 @@ def fail(message: str) -> NoReturn:
     sys.exit(2)
 
 
-def resolve_queue(explicit: str | None) -> str:
-    if explicit:
-        return explicit
+def _queue_settings(config_file: str | None = None) -> QueueSettings:
     try:
-        return server.ensure_local(ensure_home())
+        return load_config(config_file).queue
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+def resolve_queue(explicit: str | None, config_file: str | None = None) -> str:
+    """`--queue`/`$PROCTOR_QUEUE`, else `[queue] servers` of the config, else the bundled local server."""
+    try:
+        return connection.servers(explicit, _queue_settings(config_file), ensure_home())
     except server.ServerError as exc:
         fail(str(exc))
 
 
-async def connect(url: str, **options: Any) -> JetStreamBackend:
-    seed = os.environ.get("PROCTOR_QUEUE_NKEY_SEED")
-    if seed and "nkeys_seed" not in options:
-        options["nkeys_seed"] = seed
+async def connect(url: str, config_file: str | None = None, **options: Any) -> JetStreamBackend:
+    settings = _queue_settings(config_file)
+    try:
+        options = {**connection.options(url, settings, ensure_home()), **options}
+    except connection.QueueConnectionError as exc:
+        fail(str(exc))
+    if settings.replicas is not None:
+        options.setdefault("replicas", settings.replicas)
     try:
         return await JetStreamBackend.connect(url, **options)
     except Exception as exc:  # noqa: BLE001 - any connect failure is one clear message at the edge
@@ -186,7 +196,7 @@ def _trust() -> TrustStore:
 @queue_option
 def listen_cmd(host, lanes, ack_wait_s, config_file, nkey_seed, queue_url) -> None:
     """Run this host's jobs from its lanes until SIGINT/SIGTERM."""
-    url = resolve_queue(queue_url)
+    url = resolve_queue(queue_url, config_file)
     try:
         settings = Settings(host=host, lanes=parse_lanes(lanes), ack_wait_s=ack_wait_s)
     except ValueError as exc:
@@ -206,9 +216,10 @@ def listen_cmd(host, lanes, ack_wait_s, config_file, nkey_seed, queue_url) -> No
 
     async def go() -> None:
         options: dict[str, Any] = {}
-        if nkey_seed:
-            options = {"nkeys_seed": nkey_seed, "inbox_prefix": f"_INBOX_{host}".encode()}
-        backend = await connect(url, manage=not nkey_seed, **options)
+        seed = nkey_seed or _queue_settings(config_file).nkey_seed
+        if seed:
+            options = {"nkeys_seed": seed, "inbox_prefix": f"_INBOX_{host}".encode()}
+        backend = await connect(url, config_file, manage=not seed, **options)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

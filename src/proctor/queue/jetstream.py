@@ -23,6 +23,7 @@ with `nkeys_seed=<file>` and `inbox_prefix=_INBOX_<host>`; the client needs the 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +43,11 @@ STREAM = "PROCTOR_JOBS"
 SUBJECT_PREFIX = "proctor.jobs"
 BUCKETS = ("proctor_jobs", "proctor_results", "proctor_running", "proctor_cancel")
 RECORD_TTL_S = 14 * 24 * 3600.0
+# How long a KV operation keeps trying through a cluster's failover: a killed node's clients reconnect and
+# its streams elect new leaders in about 10 s on loopback (measured), well inside a listener's lease margin.
+FAILOVER_S = 30.0
+TRANSIENT = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError,
+             nats.errors.ConnectionReconnectingError, asyncio.TimeoutError)
 
 
 def job_subject(host: str, lane: str) -> str:
@@ -134,17 +140,22 @@ class JetStreamBackend:
 
     @classmethod
     async def connect(
-        cls, url: str, *, manage: bool = True, connect_timeout_s: float = 5.0, **options: Any
+        cls, url: str, *, manage: bool = True, connect_timeout_s: float = 5.0, replicas: int | None = None,
+        **options: Any
     ) -> JetStreamBackend:
+        """`url`: one server, or a comma-separated list of a cluster's nodes (the client connects to any that
+        answers and fails over to the others, and to the nodes the cluster announces). `replicas`: copies of
+        the stream and each bucket (None: 3 on a cluster of three or more nodes, else as many as it has)."""
         # Reconnects are unlimited once connected; the first connect is bounded, so a wrong URL is an error,
         # not a hang (nats-py applies max_reconnect_attempts=-1 to the initial connect too).
+        servers = [u.strip() for u in url.split(",") if u.strip()]
         nc = nats.NATS()
         options.setdefault("error_cb", _log_error)
         try:
             await asyncio.wait_for(
-                nc.connect(url, connect_timeout=connect_timeout_s, max_reconnect_attempts=-1,
+                nc.connect(servers=servers, connect_timeout=connect_timeout_s, max_reconnect_attempts=-1,
                            reconnect_time_wait=0.5, allow_reconnect=True, **options),
-                connect_timeout_s,
+                connect_timeout_s * max(1, len(servers)),
             )
         except asyncio.TimeoutError:
             try:
@@ -153,14 +164,52 @@ class JetStreamBackend:
                 pass
             raise ConnectionError(f"no NATS server answered at {url} within {connect_timeout_s:.0f}s") from None
         backend = cls(nc)
-        await backend._setup(manage)
+        await backend._setup(manage, replicas, connect_timeout_s)
         return backend
 
-    async def _setup(self, manage: bool) -> None:
+    def cluster_size(self) -> int:
+        """Nodes of the cluster this connection is on, as the server announced them (1: a lone server)."""
+        info = self.nc._server_info or {}  # noqa: SLF001 - nats-py keeps the INFO it got only here
+        if not info.get("cluster"):
+            return 1
+        return max(1, len(set(info.get("connect_urls") or [])))
+
+    async def _setup(self, manage: bool, replicas: int | None, timeout_s: float) -> None:
+        # A cluster answers clients before its JetStream meta leader is elected ("JetStream system temporarily
+        # unavailable"): retry within the connect timeout rather than fail a listener that started first.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(timeout_s, FAILOVER_S)
+        while True:
+            try:
+                await self._setup_once(manage, replicas or min(3, self.cluster_size()))
+                return
+            except TRANSIENT:
+                if loop.time() >= deadline:
+                    raise
+                await asyncio.sleep(0.25)
+
+    async def _retrying(self, op: Callable[[], Any]) -> Any:
+        """`op()` again while the cluster fails over (a timeout, no responders, JetStream unavailable), for
+        up to FAILOVER_S; anything else, or a failover that outlasts that, is raised."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + FAILOVER_S
+        while True:
+            try:
+                return await op()
+            except TRANSIENT:
+                if loop.time() >= deadline:
+                    raise
+                await asyncio.sleep(0.25)
+
+    async def _setup_once(self, manage: bool, replicas: int) -> None:
         js = self.nc.jetstream()
         if manage:
             try:
-                await js.stream_info(STREAM)
+                info = await js.stream_info(STREAM)
+                if (info.config.num_replicas or 1) < replicas:
+                    # A stream made on one node grows its copies when the fleet gains nodes (JetStream
+                    # scales a stream's replicas in place).
+                    await js.update_stream(dataclasses.replace(info.config, num_replicas=replicas))
             except nats.js.errors.NotFoundError:
                 await js.add_stream(
                     StreamConfig(
@@ -168,15 +217,19 @@ class JetStreamBackend:
                         subjects=[f"{SUBJECT_PREFIX}.>"],
                         retention=RetentionPolicy.WORK_QUEUE,
                         duplicate_window=120.0,
+                        num_replicas=replicas,
                     )
                 )
         for bucket in BUCKETS:
             if manage:
                 try:
                     self.kv[bucket] = await js.key_value(bucket)
+                    info = await js.stream_info(f"KV_{bucket}")
+                    if (info.config.num_replicas or 1) < replicas:
+                        await js.update_stream(dataclasses.replace(info.config, num_replicas=replicas))
                 except nats.js.errors.BucketNotFoundError:
                     self.kv[bucket] = await js.create_key_value(
-                        KeyValueConfig(bucket=bucket, history=1, ttl=RECORD_TTL_S)
+                        KeyValueConfig(bucket=bucket, history=1, ttl=RECORD_TTL_S, replicas=replicas)
                     )
             else:
                 self.kv[bucket] = await js.key_value(bucket)
@@ -213,13 +266,13 @@ class JetStreamBackend:
 
     async def _get(self, bucket: str, key: str) -> bytes | None:
         try:
-            entry = await self.kv[bucket].get(key)
+            entry = await self._retrying(lambda: self.kv[bucket].get(key))
         except nats.js.errors.KeyNotFoundError:
             return None
         return entry.value
 
     async def put_job(self, job_id: str, data: bytes) -> None:
-        await self.kv["proctor_jobs"].put(job_id, data)
+        await self._retrying(lambda: self.kv["proctor_jobs"].put(job_id, data))
 
     async def get_job(self, job_id: str) -> bytes | None:
         return await self._get("proctor_jobs", job_id)
@@ -227,10 +280,10 @@ class JetStreamBackend:
     async def put_result(self, key: str, data: bytes, *, only_if_absent: bool = False) -> bool:
         kv = self.kv["proctor_results"]
         if not only_if_absent:
-            await kv.put(key, data)
+            await self._retrying(lambda: kv.put(key, data))
             return True
         try:
-            await kv.create(key, data)
+            await self._retrying(lambda: kv.create(key, data))
         except nats.js.errors.KeyWrongLastSequenceError:
             return False
         return True
@@ -251,13 +304,13 @@ class JetStreamBackend:
             pause = min(pause * 2, 0.2)
 
     async def put_running(self, key: str, data: bytes) -> None:
-        await self.kv["proctor_running"].put(key, data)
+        await self._retrying(lambda: self.kv["proctor_running"].put(key, data))
 
     async def get_running(self, key: str) -> bytes | None:
         return await self._get("proctor_running", key)
 
     async def set_cancel(self, key: str, reason: str) -> None:
-        await self.kv["proctor_cancel"].put(key, reason.encode())
+        await self._retrying(lambda: self.kv["proctor_cancel"].put(key, reason.encode()))
 
     async def get_cancel(self, key: str) -> str | None:
         data = await self._get("proctor_cancel", key)

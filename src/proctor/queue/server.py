@@ -4,12 +4,17 @@ Owns the single-machine placement: `nats-server -js` bound to 127.0.0.1 with its
 `$PROCTOR_HOME/nats`, recorded in `server.json` so the next command reuses it instead of starting another.
 It never talks NATS itself (jetstream.py does) and never binds a non-loopback address unless handed a config
 file that says so.
+
+A node of a JetStream cluster is the same server with a `ClusterNode` (its name, its route port, the other
+nodes' routes): `start_cluster` starts N of them on loopback, which is how the tests run the fleet's queue
+on three nodes with every stream and bucket replicated three times, and how a person can try one.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -86,6 +91,16 @@ class ServerHandle:
             os.kill(self.pid, signal.SIGKILL)
 
 
+@dataclass(frozen=True)
+class ClusterNode:
+    """One node's place in a cluster: a unique server name, its route port, and every node's route URL."""
+
+    name: str
+    cluster_port: int
+    routes: tuple[str, ...]
+    cluster_name: str = "proctor"
+
+
 def _alive(pid: int) -> bool:
     try:
         reaped, _ = os.waitpid(pid, os.WNOHANG)
@@ -108,6 +123,7 @@ def start(
     port: int | None = None,
     config_file: Path | None = None,
     ready_timeout_s: float = 10.0,
+    node: ClusterNode | None = None,
 ) -> ServerHandle:
     store_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     port = port or free_port()
@@ -115,6 +131,9 @@ def start(
     argv = [str(find_binary()), "-js", "-a", LOOPBACK, "-p", str(port), "-sd", str(store_dir), "-l", str(log_file)]
     if config_file is not None:
         argv += ["-c", str(config_file)]
+    if node is not None:
+        argv += ["--name", node.name, "--cluster_name", node.cluster_name,
+                 "--cluster", f"nats://{LOOPBACK}:{node.cluster_port}", "--routes", ",".join(node.routes)]
     # Own session: the server outlives the CLI that started it (that is what "reuse" means) and a ^C
     # in the terminal does not take the fleet's queue down with one command.
     proc = subprocess.Popen(
@@ -133,8 +152,85 @@ def start(
     raise ServerError(f"nats-server did not come up on {LOOPBACK}:{port}: {tail}")
 
 
+@dataclass
+class Cluster:
+    """N nodes on loopback; `url` lists every node's client URL (what a client is given to fail over)."""
+
+    nodes: list[ServerHandle]
+    specs: list[ClusterNode]
+    ports: list[int]
+    base_dir: Path
+    config_file: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return ",".join(f"nats://{LOOPBACK}:{p}" for p in self.ports)
+
+    def node_of(self, name: str) -> int:
+        return next(i for i, s in enumerate(self.specs) if s.name == name)
+
+    def kill(self, i: int) -> None:
+        """SIGKILL: a node that dies, not one that leaves in order."""
+        try:
+            os.kill(self.nodes[i].pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + 5
+        while _alive(self.nodes[i].pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def restart(self, i: int) -> None:
+        self.nodes[i] = start(self.base_dir / self.specs[i].name, port=self.ports[i], node=self.specs[i],
+                              config_file=self.config_file)
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            n.stop()
+
+
+def start_cluster(base_dir: Path, size: int = 3, *, config_file: Path | None = None) -> Cluster:
+    """`size` nodes routed to each other, each with its own store under `base_dir/<name>`."""
+    ports = [free_port() for _ in range(size)]
+    route_ports = [free_port() for _ in range(size)]
+    routes = tuple(f"nats://{LOOPBACK}:{p}" for p in route_ports)
+    specs = [ClusterNode(f"n{i + 1}", route_ports[i], routes) for i in range(size)]
+    nodes: list[ServerHandle] = []
+    try:
+        for i, spec in enumerate(specs):
+            nodes.append(start(base_dir / spec.name, port=ports[i], node=spec, config_file=config_file))
+    except ServerError:
+        for n in nodes:
+            n.stop()
+        raise
+    return Cluster(nodes, specs, ports, base_dir, config_file)
+
+
+TOKEN_FILE = "token"
+
+
+def _private_file(path: Path, make: str) -> str:
+    """The content of a 0600 file of this user's, written with `make` first if it does not exist."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(make)
+    st = path.stat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise ServerError(f"{path} must be this user's and private (mode 600): it is {st.st_mode & 0o777:o}, "
+                          f"uid {st.st_uid}")
+    return path.read_text()
+
+
 def ensure_local(home: Path | None = None) -> str:
-    """The URL of this home's bundled server, starting it if it is not running. Safe against a racing CLI."""
+    """The URL of this home's bundled server, starting it if it is not running. Safe against a racing CLI.
+
+    The bundled server requires a token (`nats/token`, 0600 in the 0700 home): another local user reaches
+    the loopback port but cannot connect, so cannot read, purge, cancel or answer anything on it. A server
+    a proctor before this one started without it is restarted with it (its JetStream store, and so every
+    queued job, is kept; listeners of the old server must be restarted to get the token)."""
     home = home or ensure_home()
     nats_dir = home / "nats"
     nats_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -142,15 +238,34 @@ def ensure_local(home: Path | None = None) -> str:
     with open(nats_dir / "server.lock", "w") as lock:
         if fcntl is not None:
             fcntl.flock(lock, fcntl.LOCK_EX)
+        token = _private_file(nats_dir / TOKEN_FILE, secrets.token_urlsafe(32)).strip()
         try:
             doc = json.loads(state.read_text())
             if _alive(int(doc["pid"])) and answers(int(doc["port"])):
-                return str(doc["url"])
+                if doc.get("auth") == "token":
+                    return str(doc["url"])
+                if _is_nats_server(int(doc["pid"])):
+                    ServerHandle(doc["url"], int(doc["pid"]), int(doc["port"]), nats_dir / "store",
+                                 nats_dir / "server.log").stop()
         except (OSError, ValueError, KeyError, TypeError):
             pass
-        handle = start(nats_dir / "store")
-        state.write_text(json.dumps({"url": handle.url, "pid": handle.pid, "port": handle.port}))
+        conf = nats_dir / "server.conf"
+        conf.unlink(missing_ok=True)
+        _private_file(conf, json.dumps({"authorization": {"token": token}}))
+        handle = start(nats_dir / "store", config_file=conf)
+        state.write_text(json.dumps({"url": handle.url, "pid": handle.pid, "port": handle.port, "auth": "token"}))
         return handle.url
+
+
+def local_token(home: Path, url: str) -> str | None:
+    """The bundled server's token when `url` is that server's, else None."""
+    try:
+        doc = json.loads((home / "nats" / "server.json").read_text())
+        if doc.get("auth") != "token" or url.strip() != doc.get("url"):
+            return None
+        return (home / "nats" / TOKEN_FILE).read_text().strip() or None
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _is_nats_server(pid: int) -> bool:

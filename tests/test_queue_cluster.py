@@ -1,0 +1,186 @@
+"""The fleet's queue on a real 3-node JetStream cluster (the bundled nats-server, routed on loopback, the stream
+and every bucket replicated three times): the stream leader killed mid-job, and a node restarted, with a
+`proctor listen` subprocess and senders given every node's URL. The running job completes exactly once, its
+result reaches the sender, nothing queued is lost and no job runs twice at once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from proctor.contract import Status
+from proctor.queue import sender, server
+from proctor.queue.jetstream import BUCKETS, STREAM, JetStreamBackend
+from proctor.queue.signers import load_trust
+from proctor.queue.testing import overlapping_runs, read_probe, trusted_home, write_agent_config, write_probe_agent
+
+PROCTOR = [sys.executable, "-c", "from proctor.cli import main; main()"]
+ACK_WAIT = 30.0  # the lease: a failover (seconds) must not cost the running job its lease (0.6 of this)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = server.start_cluster(tmp_path / "cluster")
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def fleet(proctor_home, repo, tmp_path, cluster):
+    th = trusted_home(proctor_home)
+    probe = tmp_path / "probe.jsonl"
+    cfg = write_agent_config(tmp_path / "agents.toml", write_probe_agent(tmp_path / "fake-agent", probe))
+    procs: list[subprocess.Popen] = []
+
+    def listen(host: str) -> subprocess.Popen:
+        p = subprocess.Popen([*PROCTOR, "listen", "--host", host, "--ack-wait", str(ACK_WAIT), "--config", str(cfg),
+                              "--queue", cluster.url], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        procs.append(p)
+        return p
+
+    yield th, probe, repo, listen
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def _connect(url: str) -> JetStreamBackend:
+    return await JetStreamBackend.connect(url, connect_timeout_s=10)
+
+
+def enqueue(url, th, host, tasks, repo) -> list[str]:
+    async def go():
+        backend = await _connect(url)
+        ids = []
+        for i, task in enumerate(tasks):
+            payload = {"agent": "fake", "task": task, "repo": str(repo), "ticket": f"T-{i}", "timeoutSec": 60}
+            (sealed,) = sender.build(targets=[host], kind="run_agent", lane="default", payload=payload,
+                                     signer=th.sender)
+            ids.append((await sender.publish(backend, sealed)).job_id)
+        await backend.close()
+        return ids
+
+    return run(go())
+
+
+def wait_results(url, home, job_ids, timeout_s):
+    async def go():
+        backend = await _connect(url)
+        try:
+            trust = load_trust(home)
+            return [await sender.wait(backend, trust, j, timeout_s) for j in job_ids]
+        finally:
+            await backend.close()
+
+    return run(go())
+
+
+def leaders(url) -> dict[str, str]:
+    async def go():
+        backend = await _connect(url)
+        js = backend.nc.jetstream()
+        try:
+            out = {"stream": (await js.stream_info(STREAM)).cluster.leader}
+            for b in BUCKETS:
+                out[b] = (await js.stream_info(f"KV_{b}")).cluster.leader
+            return out
+        finally:
+            await backend.close()
+
+    return run(go())
+
+
+def wait_for(pred, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def starts(probe):
+    return [e for e in read_probe(probe) if e["event"] == "start"]
+
+
+def test_the_stream_and_every_bucket_have_three_replicas(cluster):
+    async def go():
+        backend = await _connect(cluster.url)
+        js = backend.nc.jetstream()
+        try:
+            infos = [await js.stream_info(STREAM)] + [await js.stream_info(f"KV_{b}") for b in BUCKETS]
+        finally:
+            await backend.close()
+        return infos
+
+    for info in run(go()):
+        assert info.config.num_replicas == 3, info.config.name
+        assert info.cluster.leader and len(info.cluster.replicas) == 2, info.cluster
+
+
+def test_the_stream_leader_killed_mid_job_the_job_completes_once_and_nothing_queued_is_lost(fleet, cluster,
+                                                                                          proctor_home):
+    th, probe, repo, listen = fleet
+    host = f"cl-{os.getpid()}"
+    listener = listen(host)
+    ids = enqueue(cluster.url, th, host, ["sleep 4", "sleep 0.2", "sleep 0.2"], repo)  # one slot: two queued
+    wait_for(lambda: starts(probe), 60, "the first run to start")
+    leader = leaders(cluster.url)["stream"]
+    cluster.kill(cluster.node_of(leader))
+    t0 = time.monotonic()
+    results = wait_results(cluster.url, proctor_home, ids, 90)
+    took = time.monotonic() - t0
+    assert listener.poll() is None, listener.stderr.read().decode()[-2000:] if listener.stderr else ""
+    assert all(r is not None and r.result.status is Status.completed for r in results), results
+    events = read_probe(probe)
+    assert len(starts(probe)) == 3, events  # each job ran once: none twice, none lost
+    assert [e["how"] for e in events if e["event"] == "end"] == ["completed"] * 3
+    assert not overlapping_runs(events)
+    assert all(r.delivery == 1 for r in results), [r.delivery for r in results]
+    new = leaders(cluster.url)["stream"]
+    assert new != leader
+    print(f"\nstream leader {leader} killed; new leader {new}; 3 results {took:.1f} s after the kill")
+
+
+def test_a_node_restarted_mid_job_costs_nothing(fleet, cluster, proctor_home):
+    th, probe, repo, listen = fleet
+    host = f"cr-{os.getpid()}"
+    listen(host)
+    first = enqueue(cluster.url, th, host, ["sleep 3"], repo)
+    wait_for(lambda: starts(probe), 60, "the first run to start")
+    victim = cluster.node_of(leaders(cluster.url)["proctor_results"])  # the node that leads the result bucket
+    cluster.nodes[victim].stop()
+    more = enqueue(cluster.url, th, host, ["sleep 0.2", "sleep 0.2"], repo)  # queued while a node is down
+    cluster.restart(victim)
+    results = wait_results(cluster.url, proctor_home, first + more, 90)
+    assert all(r is not None and r.result.status is Status.completed for r in results), results
+    events = read_probe(probe)
+    assert len(starts(probe)) == 3 and not overlapping_runs(events)
+    # The restarted node caught up: it holds the stream again as a current replica.
+    async def current():
+        backend = await _connect(cluster.url)
+        try:
+            info = await backend.nc.jetstream().stream_info(STREAM)
+        finally:
+            await backend.close()
+        return info.cluster
+
+    name = cluster.specs[victim].name
+    wait_for(lambda: (lambda c: c.leader == name or any(p.name == name and p.current for p in c.replicas))(
+        run(current())), 30, f"{name} to be a current replica again")
