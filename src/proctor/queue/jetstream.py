@@ -47,7 +47,8 @@ RECORD_TTL_S = 14 * 24 * 3600.0
 # its streams elect new leaders in about 10 s on loopback (measured), well inside a listener's lease margin.
 FAILOVER_S = 30.0
 TRANSIENT = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError,
-             nats.errors.ConnectionReconnectingError, asyncio.TimeoutError)
+             nats.js.errors.NoStreamResponseError, nats.errors.ConnectionReconnectingError, asyncio.TimeoutError)
+ACK_TRIES_S = 15.0  # a confirmed ack is retried this long; past it, a redelivery finds the job done
 
 
 def job_subject(host: str, lane: str) -> str:
@@ -106,7 +107,20 @@ class JetStreamDelivery:
         return self.msg.metadata.num_delivered
 
     async def ack(self) -> None:
-        await self.msg.ack()
+        # Confirmed, not fire-and-forget: an ack lost in a failover would hold the lane's slot until the
+        # lease ran out (30 s measured on a 1-slot lane) although the job was done.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ACK_TRIES_S
+        while True:
+            try:
+                await self.nc.request(self.msg.reply, b"+ACK", timeout=2.0)
+                return
+            except (*TRANSIENT, OSError):
+                if loop.time() >= deadline:
+                    log.warning("ack of %s not confirmed in %.0f s; a redelivery will find it done",
+                                self.msg.reply, ACK_TRIES_S)
+                    return
+                await asyncio.sleep(0.25)
 
     async def nak(self, delay_s: float) -> None:
         await self.msg.nak(delay=delay_s)
@@ -124,9 +138,12 @@ class JetStreamDelivery:
         return True
 
 
+log = logging.getLogger(__name__)
+
+
 async def _log_error(exc: Exception) -> None:
     # One line per connection error (nats-py's default prints a traceback for every retry).
-    logging.getLogger(__name__).warning("nats: %s", exc)
+    log.warning("nats: %s", exc)
 
 
 @dataclass
