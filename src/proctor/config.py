@@ -91,11 +91,15 @@ class QueueSettings(BaseModel):
     """`[queue]`: where the fleet's NATS servers are and how this machine reaches them. `servers` lists any
     of a cluster's nodes (a client fails over to the others); `tls_ca` verifies the servers' certificates
     (required by a `tls://` URL), `tls_cert`/`tls_key` are this machine's client certificate when the server
-    asks for one, `nkey_seed` this machine's NKEY seed file (its user's permissions are the server's)."""
+    asks for one, `nkey_seed` this machine's NKEY seed file (its user's permissions are the server's),
+    `name` its identity there (replies come to `_INBOX_<name>`, the only inbox its user may read), `manage`
+    whether it creates the stream and buckets (default: only without a seed; a fleet's admin sets it)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     servers: list[str] = Field(default_factory=list)
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    manage: bool | None = None
     replicas: int | None = Field(default=None, ge=1, le=5)
     tls_ca: str | None = None
     tls_cert: str | None = None

@@ -65,6 +65,12 @@ async def connect(url: str, config_file: str | None = None, **options: Any) -> J
         fail(str(exc))
     if settings.replicas is not None:
         options.setdefault("replicas", settings.replicas)
+    if settings.manage is not None:
+        options.setdefault("manage", settings.manage)
+    elif "nkeys_seed" in options:
+        options.setdefault("manage", False)  # a fleet user may not create streams: its admin does
+    if settings.name and "nkeys_seed" in options:
+        options.setdefault("inbox_prefix", f"_INBOX_{settings.name}".encode())
     try:
         return await JetStreamBackend.connect(url, **options)
     except Exception as exc:  # noqa: BLE001 - any connect failure is one clear message at the edge
@@ -219,7 +225,7 @@ def listen_cmd(host, lanes, ack_wait_s, config_file, nkey_seed, queue_url) -> No
         seed = nkey_seed or _queue_settings(config_file).nkey_seed
         if seed:
             options = {"nkeys_seed": seed, "inbox_prefix": f"_INBOX_{host}".encode()}
-        backend = await connect(url, config_file, manage=not seed, **options)
+        backend = await connect(url, config_file, **options)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -289,7 +289,12 @@ class JetStreamBackend:
         return entry.value
 
     async def put_job(self, job_id: str, data: bytes) -> None:
-        await self._retrying(lambda: self.kv["proctor_jobs"].put(job_id, data))
+        # Create, never overwrite: the first record of a job id stays (a sender that may write records
+        # cannot rewrite another job's; a record is a display hint all the same, trusted by no reader).
+        try:
+            await self._retrying(lambda: self.kv["proctor_jobs"].create(job_id, data))
+        except nats.js.errors.KeyWrongLastSequenceError:
+            log.warning("job %s already has a record on the server; the first one stays", job_id)
 
     async def get_job(self, job_id: str) -> bytes | None:
         return await self._get("proctor_jobs", job_id)

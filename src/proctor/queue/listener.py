@@ -44,9 +44,9 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status, parse_request
@@ -65,7 +65,6 @@ from proctor.queue.kinds import AgentJob, KindRunner
 from proctor.queue.results import seal_result
 from proctor.queue.signers import TrustStore
 from proctor.queue.store import ClaimOutcome, JobStore
-
 
 log = logging.getLogger(__name__)
 # How soon to look again at a job whose dead owner's runner is still killing the agent (a TERM grace, ~2 s).

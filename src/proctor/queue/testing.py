@@ -94,3 +94,66 @@ def overlapping_runs(events: list[dict[str, object]]) -> bool:
         else:
             live.discard(e["pid"])
     return False
+
+
+@dataclass(frozen=True)
+class ThrowawayCa:
+    """A CA made for one test run, a server certificate for 127.0.0.1/localhost, a client certificate."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+
+def throwaway_ca(folder: Path, *, client_name: str = "client") -> ThrowawayCa:
+    """Files in `folder` (keys 0600): EC P-256, valid for a day, the server's for IP 127.0.0.1 and localhost."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    folder.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.UTC)
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    def write(stem: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> tuple[Path, Path]:
+        cp, kp = folder / f"{stem}.pem", folder / f"{stem}-key.pem"
+        cp.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        kp.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                         serialization.NoEncryption()))
+        kp.chmod(0o600)
+        return cp, kp
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_cert = (x509.CertificateBuilder().subject_name(name("proctor test CA")).issuer_name(name("proctor test CA"))
+               .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+               .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+               .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                            content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                            key_agreement=False, encipher_only=False, decipher_only=False),
+                              critical=True)
+               .sign(ca_key, hashes.SHA256()))
+    ca_path, _ = write("ca", ca_cert, ca_key)
+
+    def leaf(cn: str, usage: x509.ObjectIdentifier, san: list[x509.GeneralName]) -> tuple[Path, Path]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        b = (x509.CertificateBuilder().subject_name(name(cn)).issuer_name(ca_cert.subject)
+             .public_key(key.public_key()).serial_number(x509.random_serial_number())
+             .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False))
+        if san:
+            b = b.add_extension(x509.SubjectAlternativeName(san), critical=False)
+        return write(cn, b.sign(ca_key, hashes.SHA256()), key)
+
+    server_cert, server_key = leaf("server", ExtendedKeyUsageOID.SERVER_AUTH,
+                                   [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")])
+    client_cert, client_key = leaf(client_name, ExtendedKeyUsageOID.CLIENT_AUTH, [])
+    return ThrowawayCa(ca_path, server_cert, server_key, client_cert, client_key)
