@@ -45,6 +45,9 @@ RESERVE_BYTES = 256 * 1024
 # Below this much free space beside the ledger a job is refused before it starts (host.run_agent): its
 # rows could not all be written.
 MIN_FREE_BYTES = 1024 * 1024
+# The newest rows walked when a job or command request opens the ledger (verify(last=...)): about 0.1 s
+# here, so the check costs the same on a ledger of any size; `proctor ledger verify` walks them all.
+RECENT_ROWS = 10_000
 
 T = TypeVar("T")
 
@@ -414,14 +417,39 @@ class Ledger:
             raw = self._conn().execute(sql + " ORDER BY id", args).fetchall()
         return [Row(r[0], r[1], r[2], r[3], _payload(r[4]), r[5], r[6]) for r in raw]
 
-    def verify(self) -> list[str]:
-        """Problems found, in row order (empty when intact); the first one names the first bad row id."""
+    def verify(self, *, last: int | None = None) -> list[str]:
+        """Problems found, in row order (empty when intact); the first one names the first bad row id.
+
+        `last=None` walks every row (`proctor ledger verify`). `last=N` walks only the newest N rows, anchored
+        on the stored hash of the row before them, and still checks the head, the triggers and that no id is
+        missing anywhere (a count): the check made each time a job or command request opens the ledger
+        (RECENT_ROWS), bounded whatever the ledger's size. An edit of an older row, hash recomputed or not,
+        is found only by the full walk."""
         with self._lock:
             db = self._conn()
-            raw = db.execute("SELECT id, ts, kind, job_id, payload, prev_hash, hash FROM rows ORDER BY id").fetchall()
-            triggers = {n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
+            db.execute("BEGIN")  # one read snapshot: the count and the rows walked agree
+            try:
+                count, low, high = db.execute("SELECT count(*), min(id), max(id) FROM rows").fetchone()
+                first = 1 if last is None else max(1, (high or 0) - max(1, last) + 1)
+                raw = db.execute("SELECT id, ts, kind, job_id, payload, prev_hash, hash FROM rows WHERE id >= ?"
+                                 " ORDER BY id", (first,)).fetchall()
+                anchor = db.execute("SELECT id, hash FROM rows WHERE id < ? ORDER BY id DESC LIMIT 1",
+                                    (first,)).fetchone()
+                triggers = {n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
+                # Rows before the anchor are not walked, but a count shows one deleted there; only then is the
+                # first gap looked for (one after the anchor is the walk's to name).
+                gap = None
+                if anchor is not None and (low != 1 or count != high - low + 1):
+                    found = (1,) if low != 1 else db.execute(
+                        "SELECT r.id + 1 FROM rows r WHERE r.id < ? AND NOT EXISTS"
+                        " (SELECT 1 FROM rows n WHERE n.id = r.id + 1) ORDER BY r.id LIMIT 1", (anchor[0],)).fetchone()
+                    gap = found[0] if found else None
+            finally:
+                _rollback(db)
         problems: list[str] = []
-        prev_id, prev_hash = 0, GENESIS
+        if gap is not None:
+            problems.append(f"row {gap}: missing ({count} rows, ids {low}..{high})")
+        prev_id, prev_hash = (anchor[0], anchor[1]) if anchor is not None else (0, GENESIS)
         for row_id, ts, kind, job_id, payload, stored_prev, stored_hash in raw:
             if row_id != prev_id + 1:
                 problems.append(f"row {prev_id + 1}: missing (row {row_id} follows row {prev_id})")
@@ -430,13 +458,31 @@ class Ledger:
             if row_hash(stored_prev, row_id, ts, kind, job_id, payload) != stored_hash:
                 problems.append(f"row {row_id}: content does not match its hash (edited)")
             prev_id, prev_hash = row_id, stored_hash
-        problems.extend(self._check_head(prev_id, prev_hash, {r[0]: r[6] for r in raw}))
+        problems.extend(self._check_head())
         missing = {"rows_no_update", "rows_no_delete"} - triggers
         if missing:
             problems.append(f"ledger: append-only triggers removed: {', '.join(sorted(missing))}")
         return problems
 
-    def _check_head(self, last_id: int, last_hash: str, hashes: dict[int, str]) -> list[str]:
+    def _check_head(self) -> list[str]:
+        """The head file against the rows as they are now. Read under the write lock when it can be taken: a
+        writer swaps the head in before its commit, so outside the lock a head one row ahead of the rows
+        is an append in flight, not a cut tail."""
+        with self._lock:
+            db = self._conn()
+            try:
+                db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error:
+                pass  # a read-only file or a writer that holds on: read without the lock
+            try:
+                last = db.execute("SELECT id, hash FROM rows ORDER BY id DESC LIMIT 1").fetchone()
+                return self._head_against(last[0] if last else 0,
+                                          lambda i: (r[0] if (r := db.execute(
+                                              "SELECT hash FROM rows WHERE id = ?", (i,)).fetchone()) else None))
+            finally:
+                _rollback(db)
+
+    def _head_against(self, last_id: int, hash_of: Callable[[int], str | None]) -> list[str]:
         try:
             head = json.loads(self._head_path.read_text(encoding="utf-8"))
             head_id, head_hash = int(head["id"]), str(head["hash"])
@@ -448,7 +494,7 @@ class Ledger:
             return [f"row {last_id}: {self._head_path.name} is unreadable"]
         if head_id > last_id:
             return [f"row {last_id + 1}: missing ({self._head_path.name} names row {head_id}; the tail was cut)"]
-        if hashes.get(head_id) != head_hash:
+        if hash_of(head_id) != head_hash:
             return [f"row {head_id}: does not match {self._head_path.name} (edited or replaced)"]
         if head_id < last_id:
             return [f"row {head_id + 1}: after {self._head_path.name}'s row {head_id} (appended outside proctor?)"]

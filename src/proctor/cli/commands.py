@@ -2,7 +2,9 @@
 
 Exit status: 0 the command ran, exited 0 and wrote nothing undeclared; 1 it ran and did not (nonzero exit,
 timeout, leftover processes, undeclared writes: the full result is printed); 2 refused or unusable (a JSON
-with `code` and `message`); 3 the ledger or a dispatch file changed during the run. Never a traceback.
+with `code` and `message`); 3 the ledger or a dispatch file changed during the run (the full result, `ran`
+true, the changed files in `tampered`), or the ledger's chain was broken before it (nothing ran). Never a
+traceback.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from proctor.commands import (
     run_request,
 )
 from proctor.commands.result import CommandResult
-from proctor.terminal import json_safe
+from proctor.terminal import json_safe, visible
 
 
 def _refusal(code: RequestCode, message: str, status: int, raw: Any = None) -> NoReturn:
@@ -67,6 +69,10 @@ def run_request_cmd(request_file, project, policy_file, dry_run, confine, timeou
     except UndeclaredWritesError as exc:
         _result(exc.result)
     except LedgerTamperedError as exc:
+        if exc.result is not None:  # it ran: its full result, the tamper in `code` and `tampered`
+            click.echo(json_safe(exc.result.to_json()))
+            click.echo(f"proctor: {exc.code}: {visible(exc.message)}", err=True)
+            sys.exit(3)
         _refusal(exc.code, exc.message, 3, raw)
     except Exception as exc:  # the edge: a bug or an OS error becomes a message, never a traceback
         _refusal(RequestCode.HOST_ERROR, f"{type(exc).__name__}: {exc}", 2, raw)

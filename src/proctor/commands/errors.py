@@ -5,7 +5,8 @@ Owns the code vocabulary (additive only, never renamed) and the error tree:
     CommandRequestError (.code, .message)
     ├── ProposalError            refused before or instead of running; recorded as a refusal row
     ├── UndeclaredWritesError    ran, and wrote outside its declared set; `.result` is the full result
-    └── LedgerTamperedError      the ledger or a dispatch file changed during the run; nothing more recorded
+    └── LedgerTamperedError      the ledger or a dispatch file changed during the run (`.result` attached),
+                                 or the ledger's chain was broken before it; nothing more recorded
 
 It never decides anything: the checks that raise these live in request, allowlist, gates and run.
 """
@@ -94,7 +95,10 @@ class UndeclaredWritesError(CommandRequestError):
 
 
 class LedgerTamperedError(CommandRequestError):
-    """The ledger, its head or a dispatch file changed while the command ran: the audit trail is suspect."""
+    """The ledger, its head or a dispatch file changed while the command ran, or the ledger's chain was
+    already broken when the request opened it: the audit trail is suspect. `.result` is the full result
+    (`ran` true, `tampered` naming what changed) when the command had started; None when nothing ran."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, result: CommandResult | None = None) -> None:
         super().__init__(RequestCode.LEDGER_TAMPERED, message)
+        self.result = result

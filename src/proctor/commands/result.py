@@ -54,6 +54,11 @@ class CommandResult(BaseModel):
     rolled_back: list[str] = Field(default_factory=list)
     """Control files (proctor's trust and config, the allowlist, briefs, git config and hooks) the command
     changed and the host put back."""
+    tampered: list[str] = Field(default_factory=list)
+    """Control-plane files (the ledger, its WAL and head, the allowlist, briefs, proctor's trust and config)
+    that changed while the command ran: code LEDGER_TAMPERED, nothing more recorded. The command did run."""
+    ledger_problems: list[str] = Field(default_factory=list)
+    """What the ledger's full verify found after such a run (the first names the first bad row)."""
 
     @property
     def ok(self) -> bool:

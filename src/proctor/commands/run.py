@@ -33,23 +33,36 @@ from proctor.commands.request import CommandRequest, StdinContent, read_request,
 from proctor.commands.result import CommandResult
 from proctor.job.git import git
 from proctor.home import proctor_home
-from proctor.ledger import Ledger
+from proctor.ledger import RECENT_ROWS, Ledger
 from proctor.policy import check_workspace
 from proctor.job.process import Exit, LocalRunner, ProcessRunner, Spawn
 
 
 class _Journal:
-    """The ledger as this run uses it: opened only when something is recorded (a dry run records nothing)."""
+    """The ledger as this run uses it: opened only when something is recorded (a dry run records nothing),
+    and checked when first opened: on a chain already broken nothing runs and nothing is appended (a row
+    chained onto an edited one would vouch for it)."""
 
     def __init__(self, ledger: Ledger | None, *, record: bool) -> None:
         self._ledger = ledger
         self._owned = False
+        self._checked = False
         self.record = record
 
     def _open(self) -> Ledger:
         if self._ledger is None:
             self._ledger = Ledger.default()
             self._owned = True
+        if not self._checked:
+            broken = self._ledger.verify(last=RECENT_ROWS)
+            if broken:
+                raise LedgerTamperedError(
+                    f"the ledger {self._ledger.path} was changed outside proctor: {broken[0]}"
+                    + (f" (and {len(broken) - 1} more)" if len(broken) > 1 else "")
+                    + "; nothing ran and nothing was recorded. `proctor ledger verify` lists every problem; "
+                    "move the ledger aside (it is evidence) to start a new one"
+                )
+            self._checked = True
         return self._ledger
 
     def files(self) -> list[Path]:
@@ -253,6 +266,19 @@ def _result(
     )
 
 
+def _tampered(
+    plan: _Plan, done: Exit, before: snapshot.Snapshot, run: confined.ConfinedRun | isolation.UnconfinedRun,
+    request_id: str, outside: list[str], rolled_back: list[str], unpinned: list[str], *, tampered: list[str],
+    problems: list[str], ran: bool = True,
+) -> CommandResult:
+    """The full result of a run that changed the control plane: it ran (its exit, output and writes stand),
+    and the tamper is its code and its own field, so a caller never reads "did not run" into it."""
+    changes = snapshot.diff(before, snapshot.take(plan.plane.project, plan.watch, reference=before))
+    result = _result(plan, done, changes, run, request_id, outside, rolled_back, unpinned)
+    return result.model_copy(update={"code": RequestCode.LEDGER_TAMPERED, "ran": ran, "tampered": tampered,
+                                     "ledger_problems": problems[:20]})
+
+
 def _refusal_row(agent: Any, argv: Any, exc: ProposalError, **extra: Any) -> dict[str, Any]:
     return {"agent": agent, "argv": argv, "code": exc.code.value, "message": exc.message, **extra}
 
@@ -346,12 +372,14 @@ def _run(
             pins.restore()
         pins.close()
     rolled_back, unrestored = restore
+    spawn_error = done.spawn_error if done.spawn_error is not None else _wrapped_spawn_error(plan, run, done)
     if unrestored:
         raise LedgerTamperedError(
             f"{entry.name!r} changed control files that could not be put back: {unrestored[:5]}; "
-            f"put back: {rolled_back[:5]}; nothing more is recorded for request {request_id}"
+            f"put back: {rolled_back[:5]}; nothing more is recorded for request {request_id}",
+            _tampered(plan, done, before, run, request_id, outside, rolled_back, pins.unpinned,
+                      tampered=sorted({*moved, *unrestored}), problems=[], ran=spawn_error is None),
         )
-    spawn_error = done.spawn_error if done.spawn_error is not None else _wrapped_spawn_error(plan, run, done)
     if spawn_error is not None:
         exc = ProposalError(RequestCode.SPAWN_FAILED, f"{entry.program!r} could not start: {spawn_error}")
         journal.append(
@@ -359,14 +387,16 @@ def _run(
             request_id,
         )
         raise exc
-    after = snapshot.take(plan.plane.project, plan.watch, reference=before)
     if moved:
         problems = journal.problems()
         raise LedgerTamperedError(
             f"{moved} changed while {entry.name!r} ran; nothing more is recorded for request {request_id}"
             + (f"; put back: {rolled_back}" if rolled_back else "")
-            + (f"; ledger verify: {problems[:3]}" if problems else "")
+            + (f"; ledger verify: {problems[:3]}" if problems else ""),
+            _tampered(plan, done, before, run, request_id, outside, rolled_back, pins.unpinned,
+                      tampered=moved, problems=problems),
         )
+    after = snapshot.take(plan.plane.project, plan.watch, reference=before)
     changes = snapshot.diff(before, after)
     result = _result(plan, done, changes, run, request_id, outside, rolled_back, pins.unpinned)
     undeclared = result.undeclared_writes
@@ -403,7 +433,8 @@ def run_request(
     `policy`: a loaded Allowlist, or its file (default `$PROCTOR_HOME/commands.toml`). `ledger`: default
     `Ledger.default()`, opened only when a row is written. Raises ProposalError (refused; recorded unless
     dry_run), UndeclaredWritesError (ran; recorded; `.result` attached) or LedgerTamperedError (nothing more
-    recorded). A dry run runs every check, then returns `ran=False, code=DRY_RUN` without running or recording.
+    recorded; `.result` attached, `ran` true, when the command ran and changed the control plane; none when
+    the ledger's chain was already broken, and then nothing ran). A dry run runs every check, then returns `ran=False, code=DRY_RUN` without running or recording.
     """
     if timeout_cap is not None and not timeout_cap > 0:
         raise ValueError(f"timeout_cap must be positive seconds, not {timeout_cap!r}")

@@ -37,7 +37,7 @@ from proctor.job.attempts import run_attempts
 from proctor.job.cgroup import Limits
 from proctor.job.git import unredirected_env
 from proctor.job.process import Limited, LocalRunner, ProcessRunner, Spawn
-from proctor.ledger import Ledger, LedgerError, LedgerFull
+from proctor.ledger import RECENT_ROWS, Ledger, LedgerError, LedgerFull
 from proctor.policy import Policy, PolicyError
 from proctor.progress import NullProgress, Progress
 from proctor.stop import StopSwitch
@@ -131,6 +131,17 @@ def run_agent(
         return refused(request, [f"{exc}; nothing was launched"], Code.DISK_FULL, start)
     except Exception as exc:  # noqa: BLE001 - an unusable ledger: refuse rather than run unrecorded
         return refused(request, [f"the ledger cannot be opened: {exc}"], Code.HOST_ERROR, start)
+    # A chain already broken is refused before any row: one chained onto an edited row would vouch for it.
+    try:
+        broken = ledger.verify(last=RECENT_ROWS)
+    except Exception as exc:  # noqa: BLE001 - a file that cannot be read back is no audit trail either
+        broken = [f"it cannot be read: {exc}"]
+    if broken:
+        if own_ledger:
+            ledger.close()
+        return refused(request, [f"LEDGER_TAMPERED: the ledger {ledger.path} was changed outside proctor: "
+                                 f"{broken[0]}; nothing was launched or recorded (`proctor ledger verify`)"],
+                       Code.HOST_ERROR, start)
     job_id = job_id or new_job_id()
     try:
         result = _recorded(request, config, runner, progress, cancel, job_id, ledger, stop, start)
