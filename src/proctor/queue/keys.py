@@ -2,13 +2,15 @@
 
 Owns the on-disk form of a key (`<name>.key`, JSON, mode 0600) and its public description. It never decides
 whom to trust: `signers.toml` does (see `signers.py`). By convention the sender's key is `default` and the
-listener signs its results with `host`.
+listener signs its results with `host`; the entry a key's description suggests follows that role: a sender's
+key goes in a listener's `[signers.NAME]`, a host's in a sender's `[hosts.HOSTNAME]`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,18 @@ from proctor.queue.envelope import ED25519, HMAC_SHA256, Ed25519Signer, HmacKey,
 
 SENDER_KEY = "default"
 HOST_KEY = "host"
+SENDER, HOST = "sender", "host"
+ROLES = (SENDER, HOST)
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def role_of(name: str) -> str | None:
+    """A key's role by the convention its name follows; None for any other name (only a person knows)."""
+    return {SENDER_KEY: SENDER, HOST_KEY: HOST}.get(name)
+
+
+def _toml_key(name: str) -> str:
+    return name if _BARE_KEY.fullmatch(name) else json.dumps(name)
 
 
 class KeyFileError(Exception):
@@ -44,17 +58,51 @@ class KeyInfo:
     kid: str
     public_key: str | None  # "ed25519:<b64>"; None for a shared secret, which has no public half
 
+    def _key_line(self) -> str:
+        return f'public_key = "{self.public_key}"' if self.public_key else f"hmac_key = {json.dumps(self.name)}"
+
     def signers_toml(self, kinds: tuple[str, ...] = ("run_agent",), may_set_validate_command: bool = False) -> str:
-        key_line = (
-            f'public_key = "{self.public_key}"'
-            if self.public_key
-            else f'hmac_key = "{self.name}"'
-        )
-        kinds_s = ", ".join(f'"{k}"' for k in kinds)
+        """The entry a listener's signers.toml needs to run jobs this key signs (a sender's key)."""
+        kinds_s = ", ".join(json.dumps(k) for k in kinds)
         return (
-            f"[signers.{self.name}]\n{key_line}\nkinds = [{kinds_s}]\n"
+            f"[signers.{_toml_key(self.name)}]\n{self._key_line()}\nkinds = [{kinds_s}]\n"
             f"may_set_validate_command = {'true' if may_set_validate_command else 'false'}\n"
         )
+
+    def hosts_toml(self, host: str) -> str:
+        """The entry a sender's signers.toml needs to accept results this key signs for listener `host` (the
+        name it runs as, `proctor listen --host`, which is what envelopes target). It lets the key sign no job."""
+        return f"[hosts.{_toml_key(host)}]\n{self._key_line()}\n"
+
+    def grants(self, role: str, host: str, kinds: tuple[str, ...] = ("run_agent",)) -> str:
+        if role == HOST:
+            also = (f" (the sender needs the same secret as keys/{self.name}.key)" if not self.public_key else "")
+            return (f"in a sender's signers.toml: the sender accepts the results listener {host!r} signs with this "
+                    f"key{also}; it does not let the key sign jobs")
+        return (f"in a listener's signers.toml: the listener runs jobs this key signs, of kinds {list(kinds)}; "
+                "it does not make anyone accept results signed by it")
+
+    def trust_entries(self, role: str | None, *, host: str, kinds: tuple[str, ...] = ("run_agent",),
+                      may_set_validate_command: bool = False) -> list[dict[str, str]]:
+        """The signers.toml entry for this key's role, or both (labelled) when the role is not known."""
+        out = []
+        for r in ((role,) if role else ROLES):
+            toml = self.hosts_toml(host) if r == HOST else self.signers_toml(kinds, may_set_validate_command)
+            out.append({"role": r, "grants": self.grants(r, host, kinds), "toml": toml})
+        return out
+
+    def trust_toml(self, role: str | None, *, host: str, kinds: tuple[str, ...] = ("run_agent",),
+                   may_set_validate_command: bool = False) -> str:
+        """The text to paste. With the role unknown both entries are there, commented out, each under what it
+        grants: pasted whole it grants nothing until a person uncomments the one they mean."""
+        entries = self.trust_entries(role, host=host, kinds=kinds, may_set_validate_command=may_set_validate_command)
+        if role:
+            return entries[0]["toml"]
+        parts = [f"# The role of key {self.name!r} is not known (pass --role {'|'.join(ROLES)}): uncomment ONE.\n"]
+        for e in entries:
+            body = "".join(f"# {line}\n" for line in e["toml"].splitlines())
+            parts.append(f"#\n# As a {e['role']} key: {e['grants']}.\n{body}")
+        return "".join(parts)
 
 
 def generate(name: str, *, alg: str = ED25519, home: Path | None = None, overwrite: bool = False) -> KeyInfo:
