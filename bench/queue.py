@@ -2,13 +2,15 @@
 signing and verification, the listener's job store and ledger, and the signed result, beside the raw NATS
 JetStream publish+fetch round trip on the same server.
 
-Placements: `local` is this home's bundled server (`server.ensure_local`, as `proctor listen` uses by default);
-`shared` is a second nats-server on another loopback port, reached by URL as a fleet would be. The listener
-is a real `proctor listen` child process, so the figures include its own event loop and SQLite commits.
+Placements: `local` is this home's bundled server (`server.ensure_local`, as `proctor listen` uses by default,
+with its token); `shared` is a second nats-server on another loopback port, reached by URL as a fleet would be;
+`cluster` is a 3-node JetStream cluster on loopback (`server.start_cluster`), the job stream and buckets and
+the raw bench's stream all replicated three times. The listener is a real `proctor listen` child process, so
+the figures include its own event loop and SQLite commits.
 
     .venv/bin/python bench/queue.py [--jobs 1000] [--latency-jobs 200] [--slots 16]
 
-Prints one JSON document. Targets (issue 6): p50 <= 2x raw, >= 300 no-op jobs/s.
+Prints one JSON document. Targets: p50 <= 2x raw, >= 300 no-op jobs/s.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from pathlib import Path
 import nats
 from nats.js.api import ConsumerConfig, RetentionPolicy, StreamConfig
 
-from proctor.queue import sender, server
+from proctor.config import QueueSettings
+from proctor.queue import connection, sender, server
 from proctor.queue.jetstream import JetStreamBackend
 from proctor.queue.envelope import unseal
 from proctor.queue.results import SignedResult, open_result
@@ -47,11 +50,12 @@ def summary_ms(xs: list[float]) -> dict[str, float]:
             "mean_ms": round(statistics.fmean(xs) * 1000, 3)}
 
 
-async def raw_round_trip(url: str, n: int) -> dict[str, float]:
+async def raw_round_trip(url: str, n: int, replicas: int, **opts) -> dict[str, float]:
     """Publish one message and fetch it from a durable pull consumer, n times: the engine's own floor."""
-    nc = await nats.connect(url)
+    nc = await nats.connect(servers=url.split(","), **opts)
     js = nc.jetstream()
-    await js.add_stream(StreamConfig(name="RAWBENCH", subjects=["rawbench.>"], retention=RetentionPolicy.WORK_QUEUE))
+    await js.add_stream(StreamConfig(name="RAWBENCH", subjects=["rawbench.>"], retention=RetentionPolicy.WORK_QUEUE,
+                                     num_replicas=replicas))
     await js.add_consumer("RAWBENCH", ConsumerConfig(durable_name="raw", name="raw", filter_subject="rawbench.x"))
     sub = await js.pull_subscribe_bind("raw", stream="RAWBENCH")
     times = []
@@ -68,7 +72,7 @@ async def raw_round_trip(url: str, n: int) -> dict[str, float]:
 
 async def end_to_end(url: str, home: Path, host: str, signer, n_latency: int, n_jobs: int) -> dict[str, object]:
     trust = load_trust(home)
-    backend = await JetStreamBackend.connect(url)
+    backend = await JetStreamBackend.connect(url, **connection.options(url, QueueSettings(), home))
     watcher = await backend.kv["proctor_results"].watch(f"{host}.>")
     first = await watcher.updates(timeout=5)
     assert first is None, "results bucket should be empty for a fresh host"
@@ -131,8 +135,8 @@ def listener(url: str, host: str, slots: int, env: dict[str, str]) -> subprocess
                              "--queue", url], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-async def wait_listening(url: str, host: str) -> None:
-    nc = await nats.connect(url)
+async def wait_listening(url: str, host: str, **opts) -> None:
+    nc = await nats.connect(servers=url.split(","), **opts)
     js = nc.jetstream()
     for _ in range(200):
         try:
@@ -156,14 +160,16 @@ def main() -> None:
     env = {**os.environ, "PROCTOR_HOME": str(home)}
     local_url = server.ensure_local(home)
     shared = server.start(home / "shared-nats")
+    cluster = server.start_cluster(home / "cluster")
     out: dict[str, object] = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
     try:
-        for name, url in (("local", local_url), ("shared", shared.url)):
+        for name, url, replicas in (("local", local_url, 1), ("shared", shared.url, 1), ("cluster", cluster.url, 3)):
             host = f"bench-{name}"
+            opts = {k: v for k, v in connection.options(url, QueueSettings(), home).items() if k == "token"}
             proc = listener(url, host, args.slots, env)
             try:
-                asyncio.run(wait_listening(url, host))
-                raw = asyncio.run(raw_round_trip(url, args.latency_jobs))
+                asyncio.run(wait_listening(url, host, **opts))
+                raw = asyncio.run(raw_round_trip(url, args.latency_jobs, replicas, **opts))
                 e2e = asyncio.run(end_to_end(url, home, host, th.sender, args.latency_jobs, args.jobs))
             finally:
                 proc.terminate()
@@ -173,6 +179,7 @@ def main() -> None:
                          "targets_met": {"p50<=2x_raw": ratio <= 2.0, ">=300_jobs_per_s": e2e["noop_jobs_per_s"] >= 300}}
     finally:
         shared.stop()
+        cluster.stop()
         server.stop_local(home)
     print(json.dumps(out, indent=2))
 
