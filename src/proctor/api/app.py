@@ -179,8 +179,15 @@ def create_app(
     body_schema = {"requestBody": {"required": True, "content": {"application/json": {
         "schema": EnvelopeIn.model_json_schema()}}}}
 
-    @app.post("/v1/jobs", status_code=202, response_model=Accepted, responses=errors, openapi_extra=body_schema)
-    async def post_job(request: Request) -> Accepted:
+    duplicate_doc = {"description": "DUPLICATE: this very envelope was accepted already; nothing was queued "
+                                    "again, and its job's result is still this envelope's answer",
+                     "content": {"application/json": {"schema": {"type": "object", "required": ["jobId", "code"],
+                                                                 "properties": {"jobId": {"type": "string"},
+                                                                                "code": {"const": "DUPLICATE"}}}}}}
+
+    @app.post("/v1/jobs", status_code=202, response_model=Accepted, openapi_extra=body_schema,
+              responses={**errors, 200: duplicate_doc, 409: {"model": Problem}})
+    async def post_job(request: Request) -> Any:
         queue = backend()
         media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
         if media != "application/json" and not media.endswith("+json"):
@@ -212,11 +219,19 @@ def create_app(
             problems.append("envelope has expired")
         if problems:
             raise ApiError(422, "INVALID_PAYLOAD", problems)
+        sealed = Sealed(env.alg, env.body, env.sig)
+        reused = sender.reused_id(sealed, sent_store)
+        if reused is not None:  # another envelope owns this id here: queueing this one would rebind it
+            raise ApiError(409, reused.code, reused.message)
         try:
-            done = await sender.publish(queue, Sealed(env.alg, env.body, env.sig), sent=sent_store)
+            done = await sender.publish(queue, sealed, sent=sent_store)
         except Exception as exc:  # noqa: BLE001 - the queue is down or refused: the client may retry
             raise ApiError(503, "QUEUE_UNAVAILABLE",
                            f"the queue did not accept the job: {type(exc).__name__}: {exc}") from None
+        if done.duplicate:  # a retried POST: 200, not 202, for nothing new was accepted
+            return JSONResponse(status_code=200, content={
+                "jobId": done.job_id, "target": done.target, "lane": done.lane, "kind": done.kind,
+                "code": done.code, "acceptedAt": done.accepted_at, "detail": done.notice()})
         return Accepted(jobId=done.job_id, target=done.target, lane=done.lane, kind=done.kind)
 
     @app.get("/v1/jobs/{job_id}", response_model=JobState, responses=errors)

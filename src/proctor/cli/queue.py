@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import click
+from click.core import ParameterSource
 
 from proctor.cli import main
 from proctor.config import ConfigError, QueueSettings, load_config
@@ -27,10 +28,11 @@ from proctor.ledger import Ledger
 from proctor.queue import connection, keys, sender, server
 from proctor.queue.audit import BatchedAudit
 from proctor.queue.backend import check_name
-from proctor.queue.envelope import ED25519, HMAC_SHA256, EnvelopeError
+from proctor.queue.envelope import ED25519, HMAC_SHA256, EnvelopeError, Sealed, unseal
 from proctor.queue.jetstream import JetStreamBackend
 from proctor.queue.kinds import NoopRunner, ProcessAgentRunner
 from proctor.queue.listener import Listener, Settings
+from proctor.queue.sent import SentStore
 from proctor.queue.signers import TrustFileError, TrustStore, load_trust
 from proctor.queue.store import JobStore
 from proctor.terminal import visible
@@ -113,10 +115,13 @@ def _check_ttl(_ctx: Any, _param: Any, value: float) -> float:
 
 def job_options(f: Any) -> Any:
     for opt in reversed([
-        click.option("--targets", required=True, help="Comma-separated host names; one job per host."),
+        click.option("--targets", help="Comma-separated host names; one job per host."),
         click.option("--kind", default="run_agent", show_default=True, help="Job kind (run_agent, noop)."),
         click.option("--lane", default="default", show_default=True, help="Lane on the target host."),
-        click.option("--payload-file", required=True, help="JSON payload (a run_agent request); - for stdin."),
+        click.option("--payload-file", help="JSON payload (a run_agent request); - for stdin."),
+        click.option("--envelope-file", help="Instead of --targets and --payload-file: an envelope already signed "
+                                             "({v, alg, body, sig}, as POST /v1/jobs takes it), queued as it is; "
+                                             "the same one again is reported as DUPLICATE, not queued twice."),
         click.option("--key", "key_name", default=keys.SENDER_KEY, show_default=True, help="Signing key name."),
         click.option("--ttl", "ttl_s", default=sender.DEFAULT_TTL_S, show_default=True, type=float,
                      callback=_check_ttl, help="Seconds until the job expires unstarted."),
@@ -126,55 +131,94 @@ def job_options(f: Any) -> Any:
     return f
 
 
-async def _enqueue(
-    url: str, targets: str, kind: str, lane: str, payload: Any, signer: Any, ttl_s: float
-) -> list[sender.Enqueued]:
-    built = sender.build(targets=[t.strip() for t in targets.split(",") if t.strip()], kind=kind, lane=lane,
-                         payload=payload, signer=signer, ttl_s=ttl_s)
-    if isinstance(built, sender.Rejected):
-        fail("job rejected:\n  " + "\n  ".join(built.errors))
+def _jobs(targets: str | None, kind: str, lane: str, payload_file: str | None, envelope_file: str | None,
+          key_name: str, ttl_s: float) -> list[Sealed]:
+    """The envelopes to queue: signed here from the flags, or the one in --envelope-file as it is."""
+    if envelope_file is None:
+        if not targets or not payload_file:
+            fail("--targets and --payload-file are required (or --envelope-file with an envelope signed already)")
+        built = sender.build(targets=[t.strip() for t in targets.split(",") if t.strip()], kind=kind, lane=lane,
+                             payload=_load_payload(payload_file), signer=_signer(key_name), ttl_s=ttl_s)
+        if isinstance(built, sender.Rejected):
+            fail("job rejected:\n  " + "\n  ".join(built.errors))
+        return built
+    ctx = click.get_current_context()
+    given = [f"--{n.replace('_', '-')}" for n in ("targets", "payload_file", "kind", "lane", "key_name", "ttl_s")
+             if ctx.get_parameter_source(n) not in (ParameterSource.DEFAULT, None)]
+    if given:
+        fail(f"--envelope-file is queued as it was signed; {', '.join(given)} cannot change it")
+    try:
+        raw = Path(envelope_file).read_bytes() if envelope_file != "-" else sys.stdin.buffer.read()
+    except OSError as exc:
+        fail(f"envelope file {envelope_file!r}: {exc.strerror or exc}")
+    env = unseal(raw)
+    if isinstance(env, EnvelopeError):
+        fail(f"envelope file {envelope_file!r}: {env.code}: {env.reason}")
+    sealed = Sealed(env.alg, env.body, env.sig)
+    problems = sender.resend_problems(sealed)
+    if problems:
+        fail("job rejected:\n  " + "\n  ".join(problems))
+    return [sealed]
+
+
+async def _enqueue(url: str, sealed: list[Sealed]) -> list[sender.Enqueued]:
+    store = SentStore()
+    for s in sealed:
+        reused = sender.reused_id(s, store)
+        if reused is not None:
+            fail(f"{reused.code}: {reused.message}")
     backend = await connect(url)
     try:
-        return [await sender.publish(backend, s) for s in built]
+        jobs = [await sender.publish(backend, s, sent=store) for s in sealed]
     except Exception as exc:  # noqa: BLE001 - a broker that refuses or times out is one clear message
         fail(f"could not enqueue on the queue at {url}: {type(exc).__name__}: {exc}")
     finally:
         await backend.close()
+    for job in jobs:
+        if job.duplicate:
+            click.echo(f"proctor: {visible(job.notice())}", err=True)
+    return jobs
 
 
 @main.command("enqueue")
 @job_options
-def enqueue_cmd(targets, kind, lane, payload_file, key_name, ttl_s, queue_url) -> None:
-    """Sign and enqueue a job for each target; print one job id per line."""
-    url = resolve_queue(queue_url)
-    for job in asyncio.run(_enqueue(url, targets, kind, lane, _load_payload(payload_file), _signer(key_name), ttl_s)):
+def enqueue_cmd(targets, kind, lane, payload_file, envelope_file, key_name, ttl_s, queue_url) -> None:
+    """Sign and enqueue a job for each target; print one job id per line. Exit 3 when the queue already
+    had the envelope (DUPLICATE, on stderr): nothing was queued again, its job id is still printed."""
+    sealed = _jobs(targets, kind, lane, payload_file, envelope_file, key_name, ttl_s)
+    jobs = asyncio.run(_enqueue(resolve_queue(queue_url), sealed))
+    for job in jobs:
         click.echo(job.job_id)
+    sys.exit(3 if any(job.duplicate for job in jobs) else 0)
 
 
 @main.command("send")
 @job_options
 @click.option("--wait", "wait_s", default=14_400 + 600, show_default=True, type=float, help="Seconds to wait.")
-def send_cmd(targets, kind, lane, payload_file, key_name, ttl_s, queue_url, wait_s) -> None:
-    """Enqueue like `enqueue`, wait for each signed result, print them; exit 0 iff all completed."""
+def send_cmd(targets, kind, lane, payload_file, envelope_file, key_name, ttl_s, queue_url, wait_s) -> None:
+    """Enqueue like `enqueue`, wait for each signed result, print them; exit 0 iff all completed. An envelope
+    the queue already had (DUPLICATE, on stderr and in its output) is not queued again: the result waited
+    for is the first copy's, which is this envelope's own answer."""
+    sealed = _jobs(targets, kind, lane, payload_file, envelope_file, key_name, ttl_s)
     url = resolve_queue(queue_url)
-    payload, signer = _load_payload(payload_file), _signer(key_name)
     trust = _trust()
 
     async def go() -> tuple[list[dict[str, Any]], bool]:
-        jobs = await _enqueue(url, targets, kind, lane, payload, signer, ttl_s)
+        jobs = await _enqueue(url, sealed)
         backend = await connect(url)
         try:
             outs, ok = [], True
             for job in jobs:
                 job_id = job.job_id
+                dup = {"code": job.code, "notice": job.notice()} if job.duplicate else {}
                 # Bound to the envelope just sent (its digest and the host it named), never to a record.
                 res = await sender.wait(backend, trust, job, wait_s)
                 if res is None:
-                    outs.append({"jobId": job_id, "state": "waiting", "error": f"no result in {wait_s:.0f}s"})
+                    outs.append({"jobId": job_id, "state": "waiting", "error": f"no result in {wait_s:.0f}s", **dup})
                     ok = False
                     continue
                 view = sender.result_view(res)
-                outs.append({"jobId": job_id, **view})
+                outs.append({"jobId": job_id, **view, **dup})
                 ok = ok and not isinstance(res, EnvelopeError) and res.result.status.value == "completed"
             return outs, ok
         finally:

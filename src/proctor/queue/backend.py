@@ -65,9 +65,10 @@ class Delivery(Protocol):
 
 
 class QueueBackend(Protocol):
-    async def publish(self, target: str, lane: str, job_id: str, data: bytes) -> None:
+    async def publish(self, target: str, lane: str, job_id: str, data: bytes) -> bool:
         """Enqueue once: a re-publish with the same id inside the engine's dedupe window is dropped. Senders
-        pass `message_id(jobId, digest)`, so only the same envelope is deduped."""
+        pass `message_id(jobId, digest)`, so only the same envelope is deduped. Returns True when the engine
+        dropped it as such a duplicate (nothing was queued: the message it already has stands), else False."""
         ...
 
     async def ensure_lane(

@@ -251,8 +251,12 @@ class JetStreamBackend:
             else:
                 self.kv[bucket] = await js.key_value(bucket)
 
-    async def publish(self, target: str, lane: str, job_id: str, data: bytes) -> None:
-        await self.nc.jetstream().publish(job_subject(target, lane), data, headers={"Nats-Msg-Id": job_id})
+    async def publish(self, target: str, lane: str, job_id: str, data: bytes) -> bool:
+        ack = await self.nc.jetstream().publish(job_subject(target, lane), data, headers={"Nats-Msg-Id": job_id})
+        # Inside the duplicate window the server drops a message whose id it has seen and says so only here;
+        # a caller that ignored it would wait on a message that was never queued a second time. (Were this
+        # publish ever retried through a failover, a duplicate on the retry would be its own first attempt.)
+        return bool(ack.duplicate)
 
     async def ensure_lane(
         self, host: str, lane: str, *, slots: int, ack_wait_s: float, max_deliver: int = -1

@@ -76,12 +76,13 @@ class MemoryBackend:
     def now() -> float:
         return asyncio.get_running_loop().time()
 
-    async def publish(self, target: str, lane: str, job_id: str, data: bytes) -> None:
+    async def publish(self, target: str, lane: str, job_id: str, data: bytes) -> bool:
         if job_id in self.seen_ids:
-            return
+            return True
         self.seen_ids.add(job_id)
         self.lanes.setdefault((target, lane), []).append(_Message(self.next_seq, data))
         self.next_seq += 1
+        return False
 
     async def publish_raw(self, target: str, lane: str, data: bytes) -> None:
         """Publish without dedupe, as an attacker replaying captured bytes would."""

@@ -14,6 +14,7 @@ import json
 import secrets
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from proctor.contract import parse_request
@@ -42,13 +43,44 @@ class Rejected:
     errors: list[str]
 
 
+QUEUED = "QUEUED"
+DUPLICATE = "DUPLICATE"
+DUPLICATE_JOB_ID = "DUPLICATE_JOB_ID"
+
+
 @dataclass(frozen=True)
 class Enqueued:
+    """A job the queue holds. `code` DUPLICATE: this very envelope was already in the queue's dedupe window,
+    so the server kept the first copy and queued nothing; its one result is still this envelope's answer."""
+
     job_id: str
     target: str
     lane: str
     kind: str
     digest: str = ""  # the envelope's (envelope.envelope_digest): what its result must name
+    code: str = QUEUED
+    accepted_at: float | None = None  # DUPLICATE: when the server's job record says the first copy came (a hint)
+
+    @property
+    def duplicate(self) -> bool:
+        return self.code == DUPLICATE
+
+    def notice(self) -> str | None:
+        """The line a person reads for a duplicate; None for a job queued now."""
+        if not self.duplicate:
+            return None
+        when = (f"at {datetime.fromtimestamp(self.accepted_at, UTC).isoformat(timespec='seconds')}"
+                if self.accepted_at is not None else "earlier")
+        return (f"{DUPLICATE}: job {self.job_id} was already accepted {when}; not queued again — wait for or "
+                "fetch its result")
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Not enqueued, for a reason with a stable code (DUPLICATE_JOB_ID); one readable line."""
+
+    code: str
+    message: str
 
 
 def validate_payload(kind: str, payload: Any) -> list[str]:
@@ -92,9 +124,57 @@ async def publish(backend: QueueBackend, sealed: Sealed, *, sent: SentStore | No
     # The job first, then the record: a job id must never be readable on the server before its job is in
     # the stream, so that anyone squatting on the id (a different envelope with it) comes later in the stream
     # and the listener can tell which envelope owns the id (store.JobStore).
-    await backend.publish(job.target, job.lane, message_id(job.job_id, job.digest), sealed.to_wire())
+    if await backend.publish(job.target, job.lane, message_id(job.job_id, job.digest), sealed.to_wire()):
+        # The first copy's record stays as it was: a second one would date the job from this re-send.
+        return Enqueued(job.job_id, job.target, job.lane, job.kind, job.digest, DUPLICATE,
+                        await _accepted_at(backend, job))
     await backend.put_job(job.job_id, record)
     return Enqueued(job.job_id, job.target, job.lane, job.kind, job.digest)
+
+
+async def _accepted_at(backend: QueueBackend, job: SentJob) -> float | None:
+    try:
+        rec = await job_record(backend, job.job_id)
+    except Exception:  # noqa: BLE001 - only the notice's time is lost; the duplicate stands
+        return None
+    when = rec.get("enqueuedAt") if rec and rec.get("envelope") == job.digest else None
+    return float(when) if isinstance(when, (int, float)) and not isinstance(when, bool) else None
+
+
+def reused_id(sealed: Sealed, sent: SentStore | None = None) -> Refused | None:
+    """Refused when this home already sent a *different* envelope under the same job id: queueing it would
+    only get it refused by the listener (DUPLICATE_JOB_ID), and recording it would rebind the id here. The
+    same envelope again is no reuse (publish reports it as DUPLICATE)."""
+    job = SentJob.from_sealed(sealed)
+    prior = (sent or SentStore()).get(job.job_id)
+    if prior is None or prior.digest == job.digest:
+        return None
+    return Refused(DUPLICATE_JOB_ID, f"job id {job.job_id} was already used by another envelope sent from this home "
+                                     f"(envelope {prior.digest[:16]}, for {prior.target}); not queued — sign a new job")
+
+
+def resend_problems(sealed: Sealed) -> list[str]:
+    """What stops a signed envelope from being queued as it is (`enqueue --envelope-file`): the checks
+    `build` makes on a job it signs, and its expiry. Its signature is the listener's to judge."""
+    try:
+        f = json.loads(sealed.body)
+    except ValueError:
+        return ["the envelope's body is not JSON"]
+    if not isinstance(f, dict):
+        return ["the envelope's body is not a JSON object"]
+    kind, target, lane = f.get("kind"), f.get("target"), f.get("lane")
+    if not all(isinstance(x, str) for x in (kind, target, lane)) or not valid_job_id(f.get("jobId")):
+        return ["the envelope needs string kind, target, lane and a jobId [A-Za-z0-9_-]"]
+    problems = validate_payload(kind, f.get("payload"))
+    for what, name in (("host", target), ("lane", lane)):
+        try:
+            check_name(what, name)
+        except ValueError as exc:
+            problems.append(str(exc))
+    expires = f.get("expiresAt")
+    if not isinstance(expires, (int, float)) or isinstance(expires, bool) or expires < time.time():
+        problems.append("the envelope has expired")
+    return problems
 
 
 JobRef = str | Enqueued | SentJob | Sealed
