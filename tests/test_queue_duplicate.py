@@ -23,7 +23,7 @@ import uvicorn
 from proctor.api.app import create_app
 from proctor.api.guard import server_config
 from proctor.ledger import Ledger
-from proctor.queue import sender, server
+from proctor.queue import keys, sender, server
 from proctor.queue.backend import message_id
 from proctor.queue.envelope import envelope_digest, job_fields, seal
 from proctor.queue.jetstream import JetStreamBackend
@@ -61,10 +61,9 @@ def starts(home: Path, job_id: str) -> int:
 
 
 async def run_listener(home: Path, backend, host: str, until) -> None:
-    th_trust = load_trust(home)
-    from proctor.queue import keys
-    listener = Listener(Settings(host, {"default": 1}, ack_wait_s=10), backend, th_trust, keys.load("host", home),
-                        JobStore(home / "queue.sqlite3"), Ledger(home / "ledger.sqlite3"), {"noop": NoopRunner()})
+    listener = Listener(Settings(host, {"default": 1}, ack_wait_s=10), backend, load_trust(home),
+                        keys.load("host", home), JobStore(home / "queue.sqlite3"), Ledger(home / "ledger.sqlite3"),
+                        {"noop": NoopRunner()})
     stop = asyncio.Event()
     task = asyncio.create_task(listener.serve(stop))
     try:

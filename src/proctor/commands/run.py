@@ -434,7 +434,8 @@ def run_request(
     `Ledger.default()`, opened only when a row is written. Raises ProposalError (refused; recorded unless
     dry_run), UndeclaredWritesError (ran; recorded; `.result` attached) or LedgerTamperedError (nothing more
     recorded; `.result` attached, `ran` true, when the command ran and changed the control plane; none when
-    the ledger's chain was already broken, and then nothing ran). A dry run runs every check, then returns `ran=False, code=DRY_RUN` without running or recording.
+    the ledger's chain was already broken, and then nothing ran). A dry run runs every check, then returns
+    `ran=False, code=DRY_RUN` without running or recording.
     """
     if timeout_cap is not None and not timeout_cap > 0:
         raise ValueError(f"timeout_cap must be positive seconds, not {timeout_cap!r}")

@@ -149,8 +149,9 @@ def reused_id(sealed: Sealed, sent: SentStore | None = None) -> Refused | None:
     prior = (sent or SentStore()).get(job.job_id)
     if prior is None or prior.digest == job.digest:
         return None
-    return Refused(DUPLICATE_JOB_ID, f"job id {job.job_id} was already used by another envelope sent from this home "
-                                     f"(envelope {prior.digest[:16]}, for {prior.target}); not queued — sign a new job")
+    return Refused(DUPLICATE_JOB_ID, f"job id {job.job_id} was already used by another envelope sent from this "
+                                     f"home (envelope {prior.digest[:16]}, for {prior.target}); not queued — sign "
+                                     "a new job")
 
 
 def resend_problems(sealed: Sealed) -> list[str]:
