@@ -17,7 +17,15 @@ from proctor.contract import Status
 from proctor.queue import sender, server
 from proctor.queue.jetstream import BUCKETS, STREAM, JetStreamBackend
 from proctor.queue.signers import load_trust
-from proctor.queue.testing import overlapping_runs, read_probe, trusted_home, write_agent_config, write_probe_agent
+from proctor.queue.testing import (
+    overlapping_runs,
+    read_probe,
+    trusted_home,
+    wait_for,
+    write_agent_config,
+    write_probe_agent,
+)
+from proctor.queue.testing import runs_started as starts
 
 PROCTOR = [sys.executable, "-c", "from proctor.cli import main; main()"]
 ACK_WAIT = 30.0  # the lease: a failover (seconds) must not cost the running job its lease (0.6 of this)
@@ -103,20 +111,6 @@ def leaders(url) -> dict[str, str]:
             await backend.close()
 
     return run(go())
-
-
-def wait_for(pred, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def starts(probe):
-    return [e for e in read_probe(probe) if e["event"] == "start"]
 
 
 def test_the_stream_and_every_bucket_have_three_replicas(cluster):

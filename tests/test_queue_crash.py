@@ -22,7 +22,15 @@ from proctor.ledger import Ledger
 from proctor.queue import sender, server
 from proctor.queue.jetstream import JetStreamBackend
 from proctor.queue.signers import load_trust
-from proctor.queue.testing import overlapping_runs, read_probe, trusted_home, write_agent_config, write_probe_agent
+from proctor.queue.testing import (
+    overlapping_runs,
+    read_probe,
+    trusted_home,
+    wait_for,
+    write_agent_config,
+    write_probe_agent,
+)
+from proctor.queue.testing import runs_started as starts
 
 ACK_WAIT = 3.0
 PROCTOR = [sys.executable, "-c", "from proctor.cli import main; main()"]
@@ -82,18 +90,6 @@ def wait_result(url, home, job_id, timeout_s):
     return asyncio.run(go())
 
 
-def wait_for(pred, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def starts(probe):
-    return [e for e in read_probe(probe) if e["event"] == "start"]
 
 
 def test_kill_9_mid_job_second_listener_completes_it_exactly_once(nats_url, setup, proctor_home):

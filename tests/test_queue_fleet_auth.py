@@ -21,25 +21,17 @@ from proctor.queue.backend import record_key
 from proctor.queue.fleet import Fleet, Tls, sender_permissions
 from proctor.queue.jetstream import STREAM, JetStreamBackend
 from proctor.queue.signers import load_trust
-from proctor.queue.testing import read_probe, throwaway_ca, trusted_home, write_probe_agent
+from proctor.queue.testing import nkey_user, read_probe, throwaway_ca, trusted_home, write_probe_agent
 
 nkeys = pytest.importorskip("nkeys")
 PROCTOR = [sys.executable, "-c", "from proctor.cli import main; main()"]
 pytestmark = pytest.mark.timeout(120)
 
 
-def user(folder, name):
-    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
-    path = folder / f"{name}.nk"
-    path.write_bytes(seed)
-    path.chmod(0o600)
-    return path, nkeys.from_seed(bytearray(seed)).public_key.decode()
-
-
 @pytest.fixture
 def fleet(tmp_path):
     ca = throwaway_ca(tmp_path / "pki")
-    ids = {n: user(tmp_path, n) for n in ("admin", "hostA", "hostB", "alice")}
+    ids = {n: nkey_user(tmp_path, n) for n in ("admin", "hostA", "hostB", "alice")}
     f = Fleet(admin=ids["admin"][1],
               hosts={"hostA": (ids["hostA"][1], ["default"]), "hostB": (ids["hostB"][1], ["default"])},
               senders={"alice": (ids["alice"][1], None)},

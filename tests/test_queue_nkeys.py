@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 
 import pytest
 
@@ -16,24 +15,16 @@ from proctor.queue.kinds import NoopRunner
 from proctor.queue.listener import Listener, Settings
 from proctor.queue.signers import load_trust
 from proctor.queue.store import JobStore
-from proctor.queue.testing import trusted_home
+from proctor.queue.testing import nkey_user, trusted_home
 
 nkeys = pytest.importorskip("nkeys", reason="nats-py needs the `nkeys` package for NKEY auth")
 
 
-def user(tmp_path, name):
-    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
-    path = tmp_path / f"{name}.nk"
-    path.write_bytes(seed)
-    path.chmod(0o600)
-    return path, nkeys.from_seed(bytearray(seed)).public_key.decode()
-
-
 @pytest.fixture
 def fleet(tmp_path):
-    admin_seed, admin_pub = user(tmp_path, "admin")
-    a_seed, a_pub = user(tmp_path, "hostA")
-    b_seed, b_pub = user(tmp_path, "hostB")
+    admin_seed, admin_pub = nkey_user(tmp_path, "admin")
+    a_seed, a_pub = nkey_user(tmp_path, "hostA")
+    b_seed, b_pub = nkey_user(tmp_path, "hostB")
     config = tmp_path / "fleet.conf"
     config.write_text(json.dumps({"authorization": {"users": [
         {"nkey": admin_pub},

@@ -157,3 +157,33 @@ def throwaway_ca(folder: Path, *, client_name: str = "client") -> ThrowawayCa:
                                    [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")])
     client_cert, client_key = leaf(client_name, ExtendedKeyUsageOID.CLIENT_AUTH, [])
     return ThrowawayCa(ca_path, server_cert, server_key, client_cert, client_key)
+
+
+def wait_for(pred, timeout_s: float, what: str):  # type: ignore[no-untyped-def]
+    """`pred()`'s first truthy value, polled every 50 ms; an AssertionError naming `what` after `timeout_s`."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def runs_started(probe_file: Path) -> list[dict[str, object]]:
+    return [e for e in read_probe(probe_file) if e["event"] == "start"]
+
+
+def nkey_user(folder: Path, name: str) -> tuple[Path, str]:
+    """A new NKEY user: its seed file (0600) in `folder` and its public key (U...), for a server's config."""
+    import os
+
+    import nkeys
+
+    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+    path = folder / f"{name}.nk"
+    path.write_bytes(seed)
+    path.chmod(0o600)
+    return path, nkeys.from_seed(bytearray(seed)).public_key.decode()
