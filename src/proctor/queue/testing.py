@@ -8,8 +8,10 @@ starts a server (use `proctor.queue.server.start`) and is never imported by the 
 from __future__ import annotations
 
 import json
+import os
 import stat
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,8 +163,6 @@ def throwaway_ca(folder: Path, *, client_name: str = "client") -> ThrowawayCa:
 
 def wait_for(pred, timeout_s: float, what: str):  # type: ignore[no-untyped-def]
     """`pred()`'s first truthy value, polled every 50 ms; an AssertionError naming `what` after `timeout_s`."""
-    import time
-
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         got = pred()
@@ -178,9 +178,7 @@ def runs_started(probe_file: Path) -> list[dict[str, object]]:
 
 def nkey_user(folder: Path, name: str) -> tuple[Path, str]:
     """A new NKEY user: its seed file (0600) in `folder` and its public key (U...), for a server's config."""
-    import os
-
-    import nkeys
+    import nkeys  # only here: a test of NKEY auth needs it, the rest of this module does not
 
     seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
     path = folder / f"{name}.nk"
