@@ -93,14 +93,15 @@ def slow_agent(fake, seconds: float) -> None:
 
 def test_tools_their_annotations_and_schemas():
     tools = {t.name: t for t in session(lambda c: c.list_tools()).tools}
-    assert set(tools) == READ_ONLY | {"run_agent", "land", "discard"}
+    assert set(tools) == READ_ONLY | {"run_agent", "land", "discard", "cancel_job"}
     for name in READ_ONLY:
         assert tools[name].annotations.read_only_hint is True, name
-    for name in ("run_agent", "land", "discard"):
+    for name in ("run_agent", "land", "discard", "cancel_job"):
         assert tools[name].annotations.read_only_hint is False, name
     assert tools["run_agent"].annotations.destructive_hint is False  # additive: a new worktree, nothing else
     assert tools["run_agent"].annotations.open_world_hint is True  # agents reach their model APIs
     assert tools["land"].annotations.destructive_hint is True and tools["discard"].annotations.destructive_hint
+    assert tools["cancel_job"].annotations.destructive_hint is True
     # run_agent takes the v1 contract as it is on the wire: camelCase, the four required fields.
     schema = tools["run_agent"].input_schema
     assert set(schema["required"]) == {"agent", "task", "repo", "ticket"}
@@ -202,6 +203,36 @@ def test_job_result_sends_progress_while_the_server_keeps_answering(tmp_path, fa
     # The phases and the agent's own last line, as a person watching `proctor run-agent` sees them.
     assert any("running slow (attempt 1)" in m and "working on it" in m for m in progress), progress
     assert any(m.startswith("validating") for m in progress), progress
+
+
+def test_cancel_job_stops_a_running_job_and_refuses_one_that_ended(tmp_path, fake):
+    slow_agent(fake, 30)
+    repo = make_repo(tmp_path)
+
+    async def body(c: Client) -> tuple[Any, ...]:
+        started = await c.call_tool("run_agent", {"agent": "slow", "task": "take your time", "repo": str(repo),
+                                                  "ticket": "T-1", "validateCommand": "true"})
+        jid = started.structured_content["jobId"]
+        for _ in range(100):  # until the agent runs (the control: a job that would otherwise take 30 s)
+            status = (await c.call_tool("job_status", {"job": jid})).structured_content
+            if "running slow" in ((status.get("live") or {}).get("phase") or ""):
+                break
+            await anyio.sleep(0.1)
+        t0 = time.monotonic()
+        cancelled = await c.call_tool("cancel_job", {"job": jid, "reason": "the reviewer stops it"})
+        result = await c.call_tool("job_result", {"job": jid, "wait_s": 30})
+        took = time.monotonic() - t0
+        again = await c.call_tool("cancel_job", {"job": jid})
+        unknown = await c.call_tool("cancel_job", {"job": "nosuchjob"})
+        return cancelled, result, took, again, unknown
+
+    cancelled, result, took, again, unknown = session(body)
+    assert not cancelled.is_error and cancelled.structured_content["cancelled"] is True
+    res = result.structured_content
+    assert res["code"] == "CANCELLED" and took < 15, (res, took)
+    assert "the reviewer stops it" in json.dumps(res)
+    assert error_of(again)[0] == "JOB_ENDED" and error_of(unknown)[0] == "NOT_RUNNING_HERE"
+    assert [p["reason"] for _, _, p in rows("mcp.cancel")] == ["the reviewer stops it"]
 
 
 def test_every_refusal_is_a_tool_error_with_a_stable_code(tmp_path, fake):

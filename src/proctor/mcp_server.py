@@ -90,6 +90,8 @@ CALL_INVALID = "CALL_INVALID"  # decide: the call is not {tool, arguments, paths
 POLICY_INVALID = "POLICY_INVALID"  # $PROCTOR_HOME/policy.toml cannot be used
 TOO_MANY_JOBS = "TOO_MANY_JOBS"  # this server runs its limit of jobs already
 SHUTTING_DOWN = "SHUTTING_DOWN"  # the server is stopping: no job starts
+NOT_RUNNING_HERE = "NOT_RUNNING_HERE"  # cancel_job: no such job runs in this server
+JOB_ENDED = "JOB_ENDED"  # cancel_job: the job has already ended
 HOST_ERROR = "HOST_ERROR"  # a bug: proctor failed inside the tool (the traceback is on stderr)
 
 
@@ -274,6 +276,10 @@ class _Args(BaseModel):
 
 class JobArgs(_Args):
     job: str = Field(min_length=1, description="A job id, or a unique prefix of one.")
+
+
+class CancelArgs(JobArgs):
+    reason: str = Field("cancelled over MCP", min_length=1, max_length=500, description="Why; in the result.")
 
 
 class ResultArgs(JobArgs):
@@ -475,6 +481,21 @@ class Surface:
             raise _refused(out)
         return out.to_dict()
 
+    def cancel(self, args: CancelArgs) -> dict[str, Any]:
+        """Cancel a job this server runs: the host kills its whole tree and ends it CANCELLED, its end row
+        written, as for `proctor run-agent` on Ctrl-C. A job of another process is not this server's to stop."""
+        live = self.jobs.get(args.job) or self.jobs.by_prefix(args.job)
+        if live is None:
+            raise Refusal(NOT_RUNNING_HERE, f"no job {args.job!r} runs in this server (a queued job is cancelled "
+                          "with `proctor cancel`; one of another process with its own Ctrl-C)")
+        if live.finished.is_set():
+            raise Refusal(JOB_ENDED, f"job {live.job_id} has already ended: nothing to cancel")
+        with _ledger() as ledger:
+            jobs_mod.note(ledger, "mcp.cancel", {"jobId": live.job_id, "reason": args.reason}, live.job_id)
+        live.cancelled = live.cancelled or args.reason
+        return {"jobId": live.job_id, "cancelled": True, "reason": live.cancelled,
+                "next": "job_result (wait_s) for its CANCELLED result"}
+
     def discard(self, args: JobArgs) -> dict[str, Any]:
         with _ledger() as ledger:
             found = _find(ledger, args.job, "discard")
@@ -585,6 +606,11 @@ TOOLS: dict[str, ToolDef] = {t.name: t for t in (
             types.ToolAnnotations(title="Land a job", read_only_hint=False, destructive_hint=True,
                                   idempotent_hint=True, open_world_hint=False),
             _in_thread(Surface.land)),
+    ToolDef("cancel_job", "Stop a job this server is running: its whole process tree is killed and it ends "
+            "as failed with code CANCELLED (its worktree stays for review).", CancelArgs,
+            types.ToolAnnotations(title="Cancel a job", read_only_hint=False, destructive_hint=True,
+                                  idempotent_hint=True, open_world_hint=False),
+            _in_thread(Surface.cancel)),
     ToolDef("discard", "Remove a job's worktree, its branch and its objects (its ledger rows stay). Cannot be "
             "undone.", JobArgs,
             types.ToolAnnotations(title="Discard a job", read_only_hint=False, destructive_hint=True,
