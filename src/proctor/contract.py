@@ -55,6 +55,8 @@ class Code(StrEnum):
     AGENT_MISCONFIGURED = "AGENT_MISCONFIGURED"  # the CLI cannot run as configured (login, key, auth type)
     BYPASS = "BYPASS"  # the CLI made a tool call its gate hook never decided (hooks not loaded, or skipped)
     DISK_FULL = "DISK_FULL"  # the ledger's filesystem is full: the job was not run, or its record is incomplete
+    BUDGET_DENIED = "BUDGET_DENIED"  # a spend budget of the trusted policy has no room: nothing was launched
+    BUDGET_UNAVAILABLE = "BUDGET_UNAVAILABLE"  # the spend tally could not be reached: nothing was launched
 
 
 def check_ref(ref: str) -> str:
@@ -185,6 +187,13 @@ class RunAgentResult(BaseModel):
     validation_log: str | None = None
     # The job's commit (the tree `changed_files` lists, on `branch` in the job's own repo at worktreePath).
     commit: str | None = None
+    # What the agent's CLI reported it used, read from a field of its own protocol: tokens_in (cached input
+    # included), tokens_out, tokens_cached, usd (None when the CLI states no cost), source. None when the CLI
+    # said nothing (a text CLI, a run cut short).
+    usage: dict[str, Any] | None = None
+    # The spend governor's view: the budgets that covered the job, what it booked before launch and what
+    # was charged after (or, when denied, each limit it was over and when that frees). None: no budget.
+    budget: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True, indent=2)

@@ -16,6 +16,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import proctor
+from proctor.budget import Budget, BudgetName, BudgetTable
 from proctor.home import proctor_home
 from proctor.task import AgentTask, Effect
 
@@ -99,6 +100,7 @@ class _PolicyFile(BaseModel):
     ceilings: _CeilingsFile = Field(default_factory=_CeilingsFile)
     forbid: _ForbidFile = Field(default_factory=_ForbidFile)
     approve: _ApproveFile = Field(default_factory=_ApproveFile)
+    budgets: dict[BudgetName, BudgetTable] = Field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -117,12 +119,16 @@ class Policy:
         paths = [".git", "secrets/*"]
         [approve]                # held for a person: refused APPROVAL_REQUIRED until `proctor approve`
         effects = ["network"]
+        [budgets.claude-team]    # spend per pool and window (proctor.budget; enforced by proctor.governor)
+        agent = "claude"
+        runs_per_hour = 20
     """
 
     ceilings: Ceilings = field(default_factory=Ceilings)
     forbidden_effects: frozenset[Effect] = frozenset()
     approval_effects: frozenset[Effect] = frozenset()
     forbidden_paths: tuple[str, ...] = ()
+    budgets: tuple[Budget, ...] = ()
     source: Path | None = None
 
     @classmethod
@@ -143,13 +149,14 @@ class Policy:
         except ValidationError as exc:
             err = exc.errors()[0]
             loc = ".".join(str(p) for p in err["loc"]) or "policy"
-            raise PolicyError(f"policy {path}: {loc}: {err['msg']}") from None
+            raise PolicyError(f"policy {path}: {loc}: {err['msg'].removeprefix('Value error, ')}") from None
         c = parsed.ceilings
         return cls(
             ceilings=Ceilings(c.max_steps, c.max_tool_calls, c.wall_clock_s),
             forbidden_effects=frozenset(parsed.forbid.effects),
             approval_effects=frozenset(parsed.approve.effects),
             forbidden_paths=tuple(parsed.forbid.paths),
+            budgets=tuple(table.build(name) for name, table in sorted(parsed.budgets.items())),
             source=path,
         )
 

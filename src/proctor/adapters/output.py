@@ -1,4 +1,5 @@
-"""Reading an agent CLI's own output: its final message (-> summary) and its claim (-> claimed_status).
+"""Reading an agent CLI's own output: its final message (-> summary), its claim (-> claimed_status) and the
+usage it reports (-> usage, what the spend governor settles a booking with).
 
 Owns one reader per output format and the structured events that may end a run early. A claim decides
 nothing: the host judges by exit code, diff and validation. Measured traps (shared/agent-clis/README.md):
@@ -27,6 +28,58 @@ class Backend:
 
 
 @dataclass(frozen=True)
+class Usage:
+    """What a run used, as a field of the CLI's own protocol states it (claude's `result.usage` and
+    `total_cost_usd`, codex's `turn.completed.usage`, gemini's `result.stats`); never read from prose.
+    `tokens_in` counts cached input too (`tokens_cached` says how much of it was); `usd` is None when the
+    CLI states no cost (codex and gemini do not)."""
+
+    tokens_in: int
+    tokens_out: int
+    usd: float | None
+    source: str
+    tokens_cached: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.tokens_in + self.tokens_out
+
+    def plus(self, other: Usage | None) -> Usage:
+        """Two attempts of one job, added up (a retried run spent on both)."""
+        if other is None:
+            return self
+        usd = None if self.usd is None and other.usd is None else (self.usd or 0.0) + (other.usd or 0.0)
+        source = self.source if other.source == self.source else f"{self.source}+{other.source}"
+        return Usage(self.tokens_in + other.tokens_in, self.tokens_out + other.tokens_out, usd, source,
+                     self.tokens_cached + other.tokens_cached)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tokens_in": self.tokens_in, "tokens_out": self.tokens_out, "tokens_cached": self.tokens_cached,
+                "usd": self.usd, "source": self.source}
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _cost(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if 0 <= value < float("inf") else None
+
+
+def _tokens(fields: dict[str, Any], inputs: tuple[str, ...], outputs: tuple[str, ...],
+            cached: tuple[str, ...]) -> tuple[int, int, int] | None:
+    """Sums of the named counters; None when the object holds none of them (the CLI said nothing)."""
+    def total(keys: tuple[str, ...]) -> tuple[int, bool]:
+        found = [n for k in keys if (n := _count(fields.get(k))) is not None]
+        return sum(found), bool(found)
+
+    (tin, a), (tout, b), (tcached, _) = total(inputs), total(outputs), total(cached)
+    return (tin, tout, tcached) if a or b else None
+
+
+@dataclass(frozen=True)
 class Reading:
     summary: str = ""
     claimed_status: str | None = None  # "completed" | "failed" as the agent itself reported
@@ -35,6 +88,7 @@ class Reading:
     # what classification may read besides stderr. For plain-text CLIs it is all of stdout.
     error_text: str = ""
     backend: Backend | None = None
+    usage: Usage | None = None
 
 
 def http_status(value: Any) -> int | None:
@@ -104,9 +158,21 @@ def read_text(stdout: str, stderr: str) -> Reading:
     return Reading(_clip(_last_lines(body)), claimed, error_text=stdout)
 
 
+def _codex_usage(raw: Any, so_far: Usage | None) -> Usage | None:
+    # One `turn.completed` per turn, each with that turn's usage: a resumed thread's turns add up. Its
+    # `input_tokens` already holds `cached_input_tokens` (the Responses API's accounting).
+    found = _tokens(raw, ("input_tokens",), ("output_tokens",), ("cached_input_tokens",)) \
+        if isinstance(raw, dict) else None
+    if found is None:
+        return so_far
+    turn = Usage(found[0], found[1], None, "turn.completed.usage", found[2])
+    return turn.plus(so_far)
+
+
 def read_codex(stdout: str, stderr: str) -> Reading:
     message, claimed = "", None
     backend: Backend | None = None
+    usage: Usage | None = None
     errors: list[str] = []
     for ev in _json_lines(stdout):
         kind = ev.get("type")
@@ -115,6 +181,7 @@ def read_codex(stdout: str, stderr: str) -> Reading:
             message = str(item.get("text", "")) or message
         elif kind == "turn.completed":
             claimed = claimed or "completed"
+            usage = _codex_usage(ev.get("usage"), usage)
         elif kind == "turn.failed":
             claimed = "failed"
             err = ev.get("error")
@@ -126,7 +193,22 @@ def read_codex(stdout: str, stderr: str) -> Reading:
     if not message and errors:
         message = errors[-1]
         claimed = claimed or "failed"
-    return Reading(_clip(message or _last_lines(stderr)), claimed, error_text="\n".join(errors), backend=backend)
+    return Reading(_clip(message or _last_lines(stderr)), claimed, error_text="\n".join(errors), backend=backend,
+                   usage=usage)
+
+
+def _claude_usage(obj: dict[str, Any]) -> Usage | None:
+    # Anthropic's `input_tokens` leaves out the cache's: the cache writes and reads are input too.
+    raw = obj.get("usage") if isinstance(obj.get("usage"), dict) else {}
+    found = _tokens(raw, ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"),
+                    ("output_tokens",), ("cache_read_input_tokens",))
+    usd = _cost(obj.get("total_cost_usd"))
+    if found is None and usd is None:
+        return None
+    tin, tout, cached = found or (0, 0, 0)
+    source = ", ".join(s for s, there in (("result.usage", found), ("result.total_cost_usd", usd is not None))
+                       if there)
+    return Usage(tin, tout, usd, source, cached)
 
 
 def _claude_result(obj: dict[str, Any]) -> Reading:
@@ -135,7 +217,8 @@ def _claude_result(obj: dict[str, Any]) -> Reading:
     text = str(obj.get("result", ""))
     status = http_status(obj.get("api_error_status")) if is_error is True else None
     backend = Backend(status, "result.api_error_status") if status else None
-    return Reading(_clip(text), claimed, error_text=text if is_error is True else "", backend=backend)
+    return Reading(_clip(text), claimed, error_text=text if is_error is True else "", backend=backend,
+                   usage=_claude_usage(obj))
 
 
 def read_claude_json(stdout: str, stderr: str) -> Reading:
@@ -170,7 +253,7 @@ def read_claude_stream(stdout: str, stderr: str) -> Reading:
     if result is None:
         return Reading(_clip(last_text or _last_lines(stderr)), None, retry_after, backend=retried)
     return Reading(result.summary, result.claimed_status, retry_after, result.error_text,
-                   result.backend or (retried if result.claimed_status == "failed" else None))
+                   result.backend or (retried if result.claimed_status == "failed" else None), result.usage)
 
 
 def read_gemini(stdout: str, stderr: str) -> Reading:
@@ -185,7 +268,30 @@ def read_gemini(stdout: str, stderr: str) -> Reading:
         status = http_status(err.get("code")) or http_status(err.get("status"))
         backend = Backend(status, "error.code") if status else None
         return Reading(_clip(msg), "failed", error_text=f"{err.get('type', '')}: {msg}", backend=backend)
-    return Reading(_clip(str(obj.get("response", ""))), "completed" if "response" in obj else None)
+    return Reading(_clip(str(obj.get("response", ""))), "completed" if "response" in obj else None,
+                   usage=_gemini_json_usage(obj.get("stats")))
+
+
+def _gemini_json_usage(stats: Any) -> Usage | None:
+    """`--output-format json`'s `stats.models.<model>.tokens` (measured on 0.61: prompt, candidates, cached,
+    thoughts, total per model; thoughts are output the model was billed for)."""
+    models = stats.get("models") if isinstance(stats, dict) else None
+    if not isinstance(models, dict):
+        return None
+    total: Usage | None = None
+    for model in models.values():
+        tokens = model.get("tokens") if isinstance(model, dict) else None
+        found = _tokens(tokens, ("prompt",), ("candidates", "thoughts"), ("cached",)) \
+            if isinstance(tokens, dict) else None
+        if found is not None:
+            total = Usage(found[0], found[1], None, "stats.models.tokens", found[2]).plus(total)
+    return total
+
+
+def _gemini_stream_usage(result: dict[str, Any]) -> Usage | None:
+    stats = result.get("stats")
+    found = _tokens(stats, ("input_tokens",), ("output_tokens",), ("cached",)) if isinstance(stats, dict) else None
+    return Usage(found[0], found[1], None, "result.stats", found[2]) if found else None
 
 
 def read_gemini_stream(stdout: str, stderr: str) -> Reading:
@@ -213,6 +319,7 @@ def read_gemini_stream(stdout: str, stderr: str) -> Reading:
     if result is None:  # cut short: what it said last, else its stderr
         return Reading(_clip(text or last)) if text or last else read_gemini("", stderr)
     err = result.get("error") if isinstance(result.get("error"), dict) else None
+    usage = _gemini_stream_usage(result)  # a failed run spent too
     if result.get("status") == "error" or err:
         msg = str((err or {}).get("message", "")) or "gemini reported an error"
         backend = None
@@ -221,8 +328,9 @@ def read_gemini_stream(stdout: str, stderr: str) -> Reading:
             api_err = api.get("error") if isinstance(api, dict) and isinstance(api.get("error"), dict) else {}
             status = http_status(api_err.get("code"))
             backend = Backend(status, "result.error.message.error.code") if status else None
-        return Reading(_clip(msg), "failed", error_text=f"{(err or {}).get('type', '')}: {msg}", backend=backend)
-    return Reading(_clip(text or last), "completed" if result.get("status") == "success" else None)
+        return Reading(_clip(msg), "failed", error_text=f"{(err or {}).get('type', '')}: {msg}", backend=backend,
+                       usage=usage)
+    return Reading(_clip(text or last), "completed" if result.get("status") == "success" else None, usage=usage)
 
 
 def read_jsonl(stdout: str, stderr: str) -> Reading:

@@ -25,3 +25,4 @@ from proctor.cli import review as _review  # noqa: E402,F401
 from proctor.cli import run_agent as _run_agent  # noqa: E402,F401
 from proctor.cli import schema as _schema  # noqa: E402,F401
 from proctor.cli import serve as _serve  # noqa: E402,F401
+from proctor.cli import usage as _usage  # noqa: E402,F401

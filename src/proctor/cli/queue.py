@@ -236,6 +236,13 @@ def _trust() -> TrustStore:
         fail(str(exc))
 
 
+def _tally_reach(url: str, host: str, nkey_seed: str | None, config_file: str | None) -> dict[str, str]:
+    """How a run_agent job's child reaches the fleet's spend tally: as this listener reaches the queue."""
+    seed = nkey_seed or _queue_settings(config_file).nkey_seed
+    return {"url": url, **({"nkey_seed": str(Path(seed).expanduser().absolute()), "inbox": f"_INBOX_{host}"}
+                           if seed else {})}
+
+
 @main.command("listen")
 @click.option("--host", "host", required=True, help="This host's name, as senders target it.")
 @click.option("--lanes", default="default=1", show_default=True, help="LANE=SLOTS[,LANE=SLOTS...]")
@@ -263,7 +270,8 @@ def listen_cmd(host, lanes, ack_wait_s, config_file, nkey_seed, queue_url) -> No
     store = JobStore(home / "queue.sqlite3")
     runners = {
         "noop": NoopRunner(),
-        "run_agent": ProcessAgentRunner(store.path, Path(config_file).absolute() if config_file else None),
+        "run_agent": ProcessAgentRunner(store.path, Path(config_file).absolute() if config_file else None,
+                                        tally=_tally_reach(url, host, nkey_seed, config_file)),
     }
 
     async def go() -> None:

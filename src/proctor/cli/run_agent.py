@@ -86,7 +86,8 @@ def human_line(result: RunAgentResult, interrupt: str | None) -> str | None:
     """The one line beside the JSON for a refusal or a cancel; None when the progress line said enough."""
     if interrupt and result.code is Code.CANCELLED:
         return f"proctor: cancelled ({interrupt}): job {result.job_id or '-'} ended failed (CANCELLED)"
-    if result.status is Status.failed and not result.attempts:
+    # A budget's denial is rate_limited, and refused all the same: nothing launched.
+    if result.status in (Status.failed, Status.rate_limited) and not result.attempts:
         reasons = "; ".join(r.removeprefix("invalid request: ") for r in result.known_risks) or result.summary
         return f"proctor: refused ({result.code.value}): {reasons}"
     if interrupt:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from proctor.adapters.output import READERS, WATCHERS, Backend, Reading
+from proctor.adapters.output import READERS, WATCHERS, Backend, Reading, Usage
 from proctor.adapters.spec import AdapterSpec
 from proctor.contract import Code, Status
 from proctor.job.classify import Patterns, classify, misconfigured
@@ -37,6 +37,9 @@ class Outcome:
     cleanup: str = "none"
     # An HTTP status the CLI's protocol reported for the run that decided the outcome (never read from prose).
     backend: Backend | None = None
+    # What the CLI's protocol reported using, every attempt's added up: a retried run spent on both.
+    usage: Usage | None = None
+    launched: bool = False  # some attempt's process really started (the spend governor's booking stands)
 
 
 def blocked_line(ex: Exit) -> str | None:
@@ -83,6 +86,8 @@ def run_attempts(
         # Read once per attempt: the summary and claim come from the last one, classification from each.
         out.reading = READERS[spec.output](last.stdout.decode("utf-8", "replace"),
                                            last.stderr.decode("utf-8", "replace"))
+        out.usage = out.reading.usage.plus(out.usage) if out.reading.usage else out.usage
+        out.launched = out.launched or (last.launched and not last.spawn_error)
         _note_side_effects(out, last, confined)
         if _decided(out, last, patterns, spec, timeout_s):
             break

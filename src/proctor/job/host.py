@@ -24,12 +24,13 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from proctor import confine
-from proctor.adapters.output import Backend
+from proctor.adapters.output import Backend, Usage
 from proctor.adapters.spec import AdapterSpec, Invocation, Refused, build, pool_key
 from proctor.breaker import Breaker, evidence_for
 from proctor.config import Config, ConfigError, load_config
 from proctor.confine.egress import EgressProxy
 from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status
+from proctor.governor import Booking, UsageGovernor, iso
 from proctor.home import proctor_home
 from proctor.job import cgroup, environment, frozen, gatekeeper, landing, record, validate, worktree
 from proctor.job.agent_version import VERSION_TIMEOUT_S, agent_version, executable, inside
@@ -41,6 +42,7 @@ from proctor.ledger import RECENT_ROWS, Ledger, LedgerError, LedgerFull
 from proctor.policy import Policy, PolicyError
 from proctor.progress import NullProgress, Progress
 from proctor.stop import StopSwitch
+from proctor.tally import SqliteTally
 from proctor.task import AgentTask
 
 PYTEST_NO_TESTS = 5
@@ -103,6 +105,11 @@ class _Job:
     backend: Backend | None = None  # an HTTP status the CLI's protocol reported for the deciding run
     # The repo's keys (config over the base's .proctor.toml), read once: its setup, shares and validate.
     settings: environment.RepoSettings | None = None
+    governor: UsageGovernor | None = None  # books the job against the trusted policy's spend budgets
+    usage: Usage | None = None  # what the CLI's protocol reported using, every attempt's
+    # Did the agent's process start: False until the launch is tried, None while it is in flight (unknown
+    # if it raised), then what the runner saw. Decides whether the job's booking is settled or released.
+    launched: bool | None = False
 
 
 def run_agent(
@@ -115,9 +122,13 @@ def run_agent(
     job_id: str | None = None,
     ledger: Ledger | None = None,
     stop: StopSwitch | None = None,
+    governor: UsageGovernor | None = None,
 ) -> RunAgentResult:
     """Have `request.agent` do `request.task` in a new worktree of `request.repo`; never raises for a bad
     request or a misbehaving agent: every outcome is a result with a status and a code.
+
+    `governor` books the job against the trusted policy's spend budgets; default: this home's SQLite tally
+    with no lane (a queued job's runner passes the fleet's tally and the job's lane).
 
     `cancel` is polled while the agent and validation run (as is the stop switch); a reason kills the whole
     tree. Every job writes a `job.start` row before anything happens and a `job.end` row with its verdict,
@@ -144,7 +155,7 @@ def run_agent(
                        Code.HOST_ERROR, start)
     job_id = job_id or new_job_id()
     try:
-        result = _recorded(request, config, runner, progress, cancel, job_id, ledger, stop, start)
+        result = _recorded(request, config, runner, progress, cancel, job_id, ledger, stop, start, governor=governor)
         result.job_id = job_id
         return result
     finally:
@@ -152,7 +163,8 @@ def run_agent(
             ledger.close()
 
 
-def _recorded(request, config, runner, progress, cancel, job_id, ledger, stop, start) -> RunAgentResult:
+def _recorded(request, config, runner, progress, cancel, job_id, ledger, stop, start, *,
+              governor=None) -> RunAgentResult:
     """The job between its `job.start` and `job.end` rows. A row that cannot be written ends the job with a
     result all the same (DISK_FULL when the disk is full): the ledger keeps what it had, never half a row.
     The end row may use the ledger's reserve, so a disk that filled up during the job still records it."""
@@ -169,7 +181,8 @@ def _recorded(request, config, runner, progress, cancel, job_id, ledger, stop, s
     record.started(job_id)  # host.json: who runs the job, so review tells running from abandoned
     live = record.LiveProgress(job_id, progress or NullProgress())  # progress.json: the review page's
     try:
-        result = _admit_and_run(request, config, runner, live, cancel, job_id, ledger, stop, start)
+        result = _admit_and_run(request, config, runner, live, cancel, job_id, ledger, stop, start,
+                                governor=governor)
     except LedgerError as exc:
         result = refused(request, [f"a ledger row could not be written, so the job was ended: {exc}"],
                          _ledger_code(exc), start)
@@ -189,7 +202,8 @@ def _ledger_code(exc: LedgerError) -> Code:
     return Code.DISK_FULL if isinstance(exc, LedgerFull) else Code.HOST_ERROR
 
 
-def _admit_and_run(request, config, runner, progress, cancel, job_id, ledger, stop, start) -> RunAgentResult:
+def _admit_and_run(request, config, runner, progress, cancel, job_id, ledger, stop, start, *,
+                   governor=None) -> RunAgentResult:
     try:
         swept = cgroup.sweep_orphans()
     except OSError:
@@ -207,13 +221,21 @@ def _admit_and_run(request, config, runner, progress, cancel, job_id, ledger, st
         return refused(request, [f"unknown agent {request.agent!r} (known: {known})"], Code.UNKNOWN_AGENT, start)
     breaker = Breaker(ledger, threshold=config.breaker.threshold, cooldown_s=config.breaker.cooldown_s,
                       backoff_s=config.breaker.backoff_s)
+    own_governor = governor is None
+    if own_governor:
+        try:
+            governor = UsageGovernor(Policy.load().budgets, SqliteTally.default)
+        except PolicyError as exc:
+            return refused(request, [f"the trusted policy cannot be read: {exc}"], Code.CONFIG_INVALID, start)
     limits = config.limits.resolve()
     job = _Job(request, config, runner or LocalRunner(limits=limits), progress or NullProgress(), cancel, job_id,
                start, ledger, stop or StopSwitch(), spec, limits, Path(tempfile.mkdtemp(prefix=f"proctor-{job_id}-")),
-               Path(tempfile.mkdtemp(prefix=f"proctor-host-{job_id}-")))
+               Path(tempfile.mkdtemp(prefix=f"proctor-host-{job_id}-")), governor=governor)
     try:
         return _run(job, breaker)
     finally:
+        if own_governor:
+            governor.close()
         if job.egress is not None:
             job.egress.stop()
         shutil.rmtree(job.agent_tmp, ignore_errors=True)
@@ -255,10 +277,15 @@ def _run(job: _Job, breaker: Breaker) -> RunAgentResult:
     if isinstance(confiner, confine.Unavailable):
         return refused(req, [confiner.reason], confiner.code, job.start)
     pool = pool_key(spec, env)
+    # The budget before the breaker: a denied job must not take the breaker's half-open trial with it.
+    booking = _book(job)
+    if isinstance(booking, RunAgentResult):
+        return booking
     admission = breaker.admit(pool, job_id=job.job_id)
     if not admission.allowed:
         out = refused(req, [admission.reason], admission.code, job.start)
         out.breaker = {"pool": pool, "admitted": False, "retry_at": admission.retry_at}
+        out.budget = _settle(job, booking)
         return out
 
     result = RunAgentResult(status=Status.failed, agent=req.agent, job_id=job.job_id, base_ref=base.ref,
@@ -272,6 +299,8 @@ def _run(job: _Job, breaker: Breaker) -> RunAgentResult:
         after = breaker.record(pool, seen.signal, job_id=job.job_id)
         result.breaker = {"pool": pool, "admitted": True, "signal": seen.signal.value, "source": seen.source,
                           "state": after.state.value}
+        # ... and the booking is settled with what the CLI reported, or released if nothing launched.
+        result.budget = _settle(job, booking)
     result.known_risks = job.risks
     result.needs_human_review = not (
         result.status is Status.completed
@@ -283,6 +312,48 @@ def _run(job: _Job, breaker: Breaker) -> RunAgentResult:
     result.duration_seconds = round(time.monotonic() - job.start, 3)
     job.progress.done(result)
     return result
+
+
+def _book(job: _Job) -> Booking | RunAgentResult:
+    """Book the job's estimate against every budget covering its agent (and lane) before anything is made
+    on disk. No room: `rate_limited`/BUDGET_DENIED with `retry_after`, when the window frees; a tally that
+    cannot be reached: `failed`/BUDGET_UNAVAILABLE. Either is a `usage.denied` row; a booking, `usage.booked`."""
+    req = job.request
+    if job.governor is None:
+        return Booking(job.job_id, req.agent, None, None)
+    got = job.governor.book(req.agent, job.job_id)
+    if isinstance(got, Booking):
+        if got.parts:
+            try:
+                job.ledger.append("usage.booked", got.record(), job_id=job.job_id)
+            except LedgerError:
+                job.governor.release(got)  # unrecorded, the job ends here: its booking must not outlive it
+                raise
+        return got
+    job.ledger.append("usage.denied", got.record(), job_id=job.job_id)
+    risks = [f"{o.line()}; nothing was launched" for o in got.over] or [got.reason]
+    out = refused(req, risks, got.code, job.start)
+    if got.code is Code.BUDGET_DENIED:
+        out.status = Status.rate_limited
+        out.retry_after = iso(got.retry_at) if got.retry_at is not None else None
+    out.budget = got.record()
+    return out
+
+
+def _settle(job: _Job, booking: Booking) -> dict | None:
+    """The booking settled with the CLI's reported usage once the agent launched, its estimate kept when the
+    launch's fate is unknown (it raised), released when nothing launched; a `usage.settled` or
+    `usage.released` row (through the reserve, like the job's end). The result's `budget` field."""
+    if job.governor is None or not booking.parts:
+        return None
+    if job.launched is False:
+        done, kind = job.governor.release(booking), "usage.released"
+    else:
+        done, kind = job.governor.settle(booking, job.usage if job.launched else None), "usage.settled"
+    if done.error:
+        job.risks.append(f"the spend tally could not be settled (the estimate stands): {done.error}")
+    job.ledger.append(kind, done.record(), job_id=job.job_id, reserve=True)
+    return done.view()
 
 
 def _in_worktree(job: _Job, repo: worktree.Repo, base: worktree.Base, confiner: confine.Confiner,
@@ -333,6 +404,7 @@ def _agent_phase(job: _Job, wt: worktree.Worktree, confiner: confine.Confiner, i
     job.settings = _repo_settings(job, wt)
     if job.settings is not None and job.settings.setup:
         _setup(job, wt, limited, env, result)
+    job.launched = None
     try:
         out = run_attempts(spec=spec, argv=cplan.argv, stdin=inv.stdin, env=agent_env, cwd=wt.path,
                            runner=limited, progress=job.progress, poll=_poll(job), timeout_s=req.timeout_sec,
@@ -347,6 +419,8 @@ def _agent_phase(job: _Job, wt: worktree.Worktree, confiner: confine.Confiner, i
         job.risks.extend(f"resource limit not enforced: {g}" for g in limited.gaps)
     result.status, result.code, result.attempts = out.status, out.code, out.attempts
     job.backend = out.backend
+    job.launched, job.usage = out.launched, out.usage
+    result.usage = out.usage.as_dict() if out.usage is not None else None
     result.exit_codes, result.retry_after = out.exit_codes, out.retry_after
     result.summary = out.reading.summary or f"{req.agent} exited {out.exit_codes[-1]}"
     result.claimed_status = out.reading.claimed_status

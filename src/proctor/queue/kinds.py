@@ -28,6 +28,7 @@ class AgentJob:
     job_id: str
     delivery: int
     request: RunAgentRequest
+    lane: str | None = None  # the lane it came on: part of the pool its spend budgets are kept for
 
 
 class KindRunner(Protocol):
@@ -54,6 +55,9 @@ class ProcessAgentRunner:
     # After a cancel, how long the child may take to stop the agent (its TERM grace and cleanup) before it is
     # killed outright: a hung child must not hold a cancelled or lease-lost job.
     cancel_grace_s: float = 30.0
+    # How the child reaches the fleet's spend tally, as the listener reaches the queue: {"url", and with a
+    # listener's own NKEY "nkey_seed" (a path) and "inbox"}. None: the job's budgets are counted locally.
+    tally: dict[str, str] | None = None
 
     async def run(self, job: AgentJob | None, payload: dict[str, object], cancel: CancelHook) -> RunAgentResult:
         assert job is not None
@@ -69,6 +73,8 @@ class ProcessAgentRunner:
             "request": job.request.model_dump(mode="json", by_alias=True, exclude_none=True),
             "store": str(self.store_path),
             "config": str(self.config_path) if self.config_path else None,
+            "lane": job.lane,
+            "tally": self.tally,
         }
         proc.stdin.write(json.dumps(start).encode() + b"\n")
         await proc.stdin.drain()

@@ -482,7 +482,7 @@ class Listener:
         # Not awaited before the run: the record is for lookups, and a noop job should not wait on it.
         marked = asyncio.create_task(self.backend.put_running(key, json.dumps(
             {"host": s.host, "lane": lane, "delivery": d.delivery, "startedAt": started}).encode()))
-        job = AgentJob(job_id, d.delivery, accepted.request) if accepted.request else None
+        job = AgentJob(job_id, d.delivery, accepted.request, lane) if accepted.request else None
         work = asyncio.create_task(self.runners[kind].run(job, f["payload"], lease.get))
         keeper = asyncio.create_task(self._keep(d, key, accepted, lease, work))
         try:

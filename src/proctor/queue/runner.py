@@ -3,7 +3,8 @@
 Owns the child side of the control pipe: the first stdin line is the job, later lines are `cancel <reason>`,
 and end-of-file means the listener is gone, which cancels the run (run_agent then kills the agent's tree).
 It records how the attempt ended in the listener's store, so a listener that takes the job over can name the
-abandoned worktree; it prints the result as the last stdout line. It never talks to the queue.
+abandoned worktree; it prints the result as the last stdout line. It never talks to the queue's jobs; it
+counts the job's spend on the fleet's tally (proctor.tally, its own connection) when the listener says how.
 """
 
 from __future__ import annotations
@@ -12,9 +13,14 @@ import json
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from proctor.contract import RunAgentRequest
 from proctor.queue.store import JobStore, Owner
+
+if TYPE_CHECKING:
+    from proctor.config import Config
+    from proctor.governor import UsageGovernor
 
 
 class _Reason:
@@ -38,6 +44,29 @@ def _watch_control(reason: _Reason) -> None:
     reason.set("the listener is gone (control pipe closed)")
 
 
+def _governor(start: dict, config: Config | None) -> UsageGovernor | None:
+    """The fleet's spend governor for this job: the trusted policy's budgets, counted on the queue's KV with
+    the lane the job came on. None when the listener gave no tally, or the policy or config cannot be read
+    (run_agent then reads them itself and refuses the job with the error)."""
+    from proctor.config import ConfigError, load_config
+    from proctor.governor import UsageGovernor
+    from proctor.home import proctor_home
+    from proctor.policy import Policy, PolicyError
+    from proctor.tally import fleet_tally
+
+    reach = start.get("tally")
+    if not reach or not reach.get("url"):
+        return None
+    try:
+        budgets = Policy.load().budgets
+        settings = (config or load_config()).queue
+    except (PolicyError, ConfigError):
+        return None
+    return UsageGovernor(budgets, lambda: fleet_tally(reach["url"], settings, proctor_home(),
+                                                      nkey_seed=reach.get("nkey_seed"), inbox_prefix=reach.get("inbox")),
+                         lane=start.get("lane"))
+
+
 def main() -> int:
     from proctor.config import load_config
     from proctor.job.host import run_agent
@@ -49,7 +78,13 @@ def main() -> int:
     threading.Thread(target=_watch_control, args=(reason,), daemon=True).start()
     request = RunAgentRequest.model_validate(start["request"])
     config = load_config(start["config"]) if start.get("config") else None
-    result = run_agent(request, config=config, cancel=reason.get, job_id=start["attemptId"])
+    governor = _governor(start, config)
+    try:
+        result = run_agent(request, config=config, cancel=reason.get, job_id=start["attemptId"],
+                           governor=governor)
+    finally:
+        if governor is not None:
+            governor.close()
     result.job_id = start["jobId"]
     store.record_attempt(
         start["jobId"], int(start["delivery"]), worktree=result.worktree_path,
