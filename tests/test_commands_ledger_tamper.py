@@ -221,13 +221,13 @@ def test_run_agent_refuses_a_broken_chain_before_launching(tmp_path, home) -> No
                    '"open(\'touched.txt\', \'w\').write(\'hi\')"]\nprompt = "stdin"\n')
     req = RunAgentRequest(agent="touch", task="t", repo=str(repo), ticket="T1", validateCommand="true")
     control = run_agent(req, config=load_config(cfg))
-    assert control.code.value != "HOST_ERROR" and control.worktree_path, control
+    assert control.code.value != "LEDGER_TAMPERED" and control.worktree_path, control
     db = home / "ledger.sqlite3"
     before = rows(db)
     assert before >= 2
     edit(db, "first")
     res = run_agent(req.model_copy(update={"ticket": "T2"}), config=load_config(cfg))
-    assert res.status == Status.failed and res.code.value == "HOST_ERROR"
-    assert res.summary.startswith("LEDGER_TAMPERED:") and "row 1" in res.summary
+    assert res.status == Status.failed and res.code.value == "LEDGER_TAMPERED"
+    assert "changed outside proctor" in res.summary and "row 1" in res.summary
     assert not res.worktree_path and rows(db) == before
 

@@ -57,6 +57,7 @@ class Code(StrEnum):
     DISK_FULL = "DISK_FULL"  # the ledger's filesystem is full: the job was not run, or its record is incomplete
     BUDGET_DENIED = "BUDGET_DENIED"  # a spend budget of the trusted policy has no room: nothing was launched
     BUDGET_UNAVAILABLE = "BUDGET_UNAVAILABLE"  # the spend tally could not be reached: nothing was launched
+    LEDGER_TAMPERED = "LEDGER_TAMPERED"  # the ledger's chain is broken: nothing was launched or recorded
 
 
 def check_ref(ref: str) -> str:

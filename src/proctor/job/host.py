@@ -150,9 +150,9 @@ def run_agent(
     if broken:
         if own_ledger:
             ledger.close()
-        return refused(request, [f"LEDGER_TAMPERED: the ledger {ledger.path} was changed outside proctor: "
+        return refused(request, [f"the ledger {ledger.path} was changed outside proctor: "
                                  f"{broken[0]}; nothing was launched or recorded (`proctor ledger verify`)"],
-                       Code.HOST_ERROR, start)
+                       Code.LEDGER_TAMPERED, start)
     job_id = job_id or new_job_id()
     try:
         result = _recorded(request, config, runner, progress, cancel, job_id, ledger, stop, start, governor=governor)
