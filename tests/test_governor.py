@@ -174,6 +174,40 @@ class RacedTally:
         pass
 
 
+class LostReplyTally(RacedTally):
+    """A write that goes in, then its reply is lost (a failover): the store answers as if it had lost."""
+
+    def __init__(self, inner: SqliteTally, lose: int) -> None:
+        self.inner, self.lose = inner, lose
+
+    def create(self, key: str, value: bytes) -> int | None:
+        got = self.inner.create(key, value)
+        return self._lost(got)
+
+    def update(self, key: str, value: bytes, last: int) -> int | None:
+        return self._lost(self.inner.update(key, value, last))
+
+    def _lost(self, got: int | None) -> int | None:
+        if got is not None and self.lose > 0:
+            self.lose -= 1
+            return None
+        return got
+
+
+@pytest.mark.parametrize("lose", [0, 1])
+def test_a_write_whose_reply_was_lost_is_counted_once(tally, clock, lose):
+    one = budget("one", agent="claude", runs_per_hour=5)
+    gov = UsageGovernor([one], lambda: LostReplyTally(tally, lose), clock=clock)
+    booked = gov.book("claude", "j1")  # lose=1: its create went in, the answer said it lost
+    assert isinstance(booked, Booking)
+    assert spent(governor(tally, clock, one), "one")["runs"] == 1  # lose=0 is the control
+    second = gov.book("claude", "j2")
+    assert spent(governor(tally, clock, one), "one")["runs"] == 2
+    gov = UsageGovernor([one], lambda: LostReplyTally(tally, lose), clock=clock)
+    gov.release(second)  # an update that goes in and is answered as lost
+    assert spent(governor(tally, clock, one), "one")["runs"] == 1
+
+
 def test_losing_the_last_unit_of_one_budget_gives_back_the_others(tally, clock):
     roomy = budget("a-roomy", agent="claude", runs_per_hour=10)
     tight = budget("b-tight", agent="claude", runs_per_hour=1)

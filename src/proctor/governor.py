@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import random
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -226,8 +227,22 @@ def windows_of(found: Versioned | None, now: float, key: str = "") -> dict[str, 
     return out
 
 
-def encode(windows: dict[str, Window]) -> bytes:
-    return json.dumps({"v": STATE_VERSION, "windows": {
+OPS_KEPT = 64  # the ids of the last writes a value remembers (see `_change`)
+
+
+def ops_of(found: Versioned | None) -> list[str]:
+    """The ids of the last writes that went into this value (none for an older value)."""
+    if found is None:
+        return []
+    try:
+        ops = json.loads(found.value).get("ops")
+    except (ValueError, AttributeError, RecursionError):
+        return []
+    return [o for o in ops if isinstance(o, str)] if isinstance(ops, list) else []
+
+
+def encode(windows: dict[str, Window], ops: Sequence[str] = ()) -> bytes:
+    return json.dumps({"v": STATE_VERSION, "ops": list(ops)[-OPS_KEPT:], "windows": {
         p: {"start": w.start, "runs": w.spent.runs, "tokens": w.spent.tokens, "usd_micros": w.spent.usd_micros}
         for p, w in windows.items()}}, sort_keys=True, separators=(",", ":")).encode()
 
@@ -341,13 +356,20 @@ class UsageGovernor:
     def _change(self, tally: Tally, key: str, change: Callable[[dict[str, Window]], tuple[dict[str, Window] | None, Any]],
                 now: float) -> Any:
         """Apply `change` to the key's current windows until a write of it goes in unopposed; `change`
-        returning no new windows ends the loop without a write (a denial, nothing to do)."""
+        returning no new windows ends the loop without a write (a denial, nothing to do).
+
+        Each write carries this call's id among the value's last OPS_KEPT: a write that went in but whose
+        reply was lost (a failover; the store retries the request, which then loses to itself) is found in
+        the value read next and not applied a second time."""
+        op = secrets.token_hex(8)
         for attempt in range(self.max_tries):
             found = tally.get(key)
+            if attempt and op in ops_of(found):
+                return out  # our earlier write went in: its reply was lost, not the write
             new, out = change(windows_of(found, now, key))
             if new is None:
                 return out
-            data = encode(new)
+            data = encode(new, [*ops_of(found), op])
             revision = tally.create(key, data) if found is None else tally.update(key, data, found.revision)
             if revision is not None:
                 return out
