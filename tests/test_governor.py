@@ -124,6 +124,20 @@ def test_a_run_that_never_launched_gives_its_booking_back(tally, clock):
     assert isinstance(gov.book("claude", "j2"), Booking)
 
 
+def test_a_cost_stated_without_tokens_keeps_the_token_estimate(tally, clock):
+    from proctor.adapters.output import _claude_usage
+
+    gov = governor(tally, clock, budget("t", agent="claude", tokens_per_hour=10_000, tokens_per_run=4_000))
+    stated = _claude_usage({"total_cost_usd": 0.25})  # no `usage` object in the result event
+    assert stated is not None and not stated.tokens_stated and stated.as_dict()["tokens_in"] is None
+    gov.settle(gov.book("claude", "j1"), stated)
+    assert spent(gov, "t")["tokens"] == 4_000
+    # The control: stated tokens replace the estimate.
+    gov.settle(gov.book("claude", "j2"), _claude_usage({"total_cost_usd": 0.1, "usage": {"input_tokens": 10,
+                                                                                         "output_tokens": 5}}))
+    assert spent(gov, "t")["tokens"] == 4_015
+
+
 def test_settling_without_a_report_keeps_the_estimate(tally, clock):
     gov = governor(tally, clock, budget("t", agent="grok", tokens_per_hour=1_000, tokens_per_run=400))
     booked = gov.book("grok", "j1")

@@ -331,7 +331,7 @@ class UsageGovernor:
                               usage=report)
         charged = []
         for p in booking.parts:
-            actual = Amount(p.amount.runs, usage.tokens,
+            actual = Amount(p.amount.runs, usage.tokens if usage.tokens_stated else p.amount.tokens,
                             usd_micros(usage.usd) if usage.usd is not None else p.amount.usd_micros)
             charged.append((p, actual))
         return self._adjust(booking, "usage", charged, report)

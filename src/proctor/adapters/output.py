@@ -32,13 +32,15 @@ class Usage:
     """What a run used, as a field of the CLI's own protocol states it (claude's `result.usage` and
     `total_cost_usd`, codex's `turn.completed.usage`, gemini's `result.stats`); never read from prose.
     `tokens_in` counts cached input too (`tokens_cached` says how much of it was); `usd` is None when the
-    CLI states no cost (codex and gemini do not)."""
+    CLI states no cost (codex and gemini do not); `tokens_stated` is False when it stated a cost but no
+    tokens (the counts are then zeros, not a report, and a settlement keeps the token estimate)."""
 
     tokens_in: int
     tokens_out: int
     usd: float | None
     source: str
     tokens_cached: int = 0
+    tokens_stated: bool = True
 
     @property
     def tokens(self) -> int:
@@ -51,9 +53,12 @@ class Usage:
         usd = None if self.usd is None and other.usd is None else (self.usd or 0.0) + (other.usd or 0.0)
         source = self.source if other.source == self.source else f"{self.source}+{other.source}"
         return Usage(self.tokens_in + other.tokens_in, self.tokens_out + other.tokens_out, usd, source,
-                     self.tokens_cached + other.tokens_cached)
+                     self.tokens_cached + other.tokens_cached, self.tokens_stated and other.tokens_stated)
 
     def as_dict(self) -> dict[str, Any]:
+        if not self.tokens_stated:
+            return {"tokens_in": None, "tokens_out": None, "tokens_cached": None, "usd": self.usd,
+                    "source": self.source}
         return {"tokens_in": self.tokens_in, "tokens_out": self.tokens_out, "tokens_cached": self.tokens_cached,
                 "usd": self.usd, "source": self.source}
 
@@ -208,7 +213,7 @@ def _claude_usage(obj: dict[str, Any]) -> Usage | None:
     tin, tout, cached = found or (0, 0, 0)
     source = ", ".join(s for s, there in (("result.usage", found), ("result.total_cost_usd", usd is not None))
                        if there)
-    return Usage(tin, tout, usd, source, cached)
+    return Usage(tin, tout, usd, source, cached, tokens_stated=found is not None)
 
 
 def _claude_result(obj: dict[str, Any]) -> Reading:

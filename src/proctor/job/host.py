@@ -281,7 +281,11 @@ def _run(job: _Job, breaker: Breaker) -> RunAgentResult:
     booking = _book(job)
     if isinstance(booking, RunAgentResult):
         return booking
-    admission = breaker.admit(pool, job_id=job.job_id)
+    try:
+        admission = breaker.admit(pool, job_id=job.job_id)
+    except BaseException:
+        _settle(job, booking)  # a ledger that refused the breaker's row: the unit booked goes back
+        raise
     if not admission.allowed:
         out = refused(req, [admission.reason], admission.code, job.start)
         out.breaker = {"pool": pool, "admitted": False, "retry_at": admission.retry_at}
@@ -294,13 +298,16 @@ def _run(job: _Job, breaker: Breaker) -> RunAgentResult:
         _in_worktree(job, repo, base, confiner, inv, env, result)
     finally:
         # Whatever happened after admission, the breaker hears of it (a half-open trial is never left held).
-        seen = evidence_for(result.status, result.code, job.backend.status if job.backend else None,
-                            job.backend.source if job.backend else "")
-        after = breaker.record(pool, seen.signal, job_id=job.job_id)
-        result.breaker = {"pool": pool, "admitted": True, "signal": seen.signal.value, "source": seen.source,
-                          "state": after.state.value}
-        # ... and the booking is settled with what the CLI reported, or released if nothing launched.
-        result.budget = _settle(job, booking)
+        # The booking first (settled with what the CLI reported, or released if nothing launched), and the
+        # breaker whatever that did: a ledger row refused on one side must not leave the other held.
+        try:
+            result.budget = _settle(job, booking)
+        finally:
+            seen = evidence_for(result.status, result.code, job.backend.status if job.backend else None,
+                                job.backend.source if job.backend else "")
+            after = breaker.record(pool, seen.signal, job_id=job.job_id)
+            result.breaker = {"pool": pool, "admitted": True, "signal": seen.signal.value, "source": seen.source,
+                              "state": after.state.value}
     result.known_risks = job.risks
     result.needs_human_review = not (
         result.status is Status.completed
