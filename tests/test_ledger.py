@@ -3,6 +3,7 @@ real `sqlite3` CLI (edit, delete a middle row, reorder, cut the tail) found by `
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 import subprocess
@@ -218,3 +219,46 @@ def test_closed_ledger_refuses(tmp_path):
     led.close()
     with pytest.raises(ValueError, match="closed"):
         led.append("x", {})
+
+
+KILLED_MID_APPEND = """
+import os, sys
+from proctor import ledger as L
+real = os.replace
+def replace(src, dst):
+    real(src, dst)
+    if str(dst).endswith("ledger.head"):
+        os._exit(9)  # killed between swapping the new head in and the commit
+os.replace = replace
+L.Ledger(sys.argv[1]).append("job.start", {"n": 99})
+"""
+
+
+def test_a_writer_killed_between_its_head_swap_and_its_commit_is_not_a_cut_tail(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    with Ledger(path) as led:
+        for i in range(3):
+            led.append("job.start", {"n": i})
+    p = subprocess.run([sys.executable, "-c", KILLED_MID_APPEND, str(path)], capture_output=True, text=True)
+    assert p.returncode == 9, p.stderr
+    staged = [t.name for t in tmp_path.iterdir() if t.name.endswith(".old.tmp")]
+    assert staged, "the killed writer should have left its staged old head"
+    head = json.loads((tmp_path / "ledger.head").read_text())
+    assert head["id"] == 4  # the head names the row that never committed
+    with Ledger(path) as led:  # the next open puts the old head back
+        assert led.verify() == [] and [r.payload["n"] for r in led.rows()] == [0, 1, 2]
+        led.append("job.start", {"n": 3})
+        assert led.verify() == []
+    assert not [t for t in tmp_path.iterdir() if t.name.endswith(".tmp")]
+
+
+def test_a_head_ahead_of_the_rows_without_a_dead_writers_trace_is_still_a_cut_tail(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    with Ledger(path) as led:
+        for i in range(3):
+            led.append("job.start", {"n": i})
+        last = led.rows()[-1]
+    (tmp_path / "ledger.head").write_text(json.dumps({"id": last.id + 1, "hash": "f" * 64}) + "\n")
+    with Ledger(path) as led:
+        problems = led.verify()
+    assert problems and "tail was cut" in problems[0]

@@ -167,6 +167,7 @@ class Ledger:
             self._db.execute("PRAGMA journal_mode = WAL")
             self._db.execute("PRAGMA synchronous = NORMAL")
             self._migrate()
+            self._recover_interrupted()
         except BaseException as exc:
             self.close()
             if isinstance(exc, (sqlite3.Error, OSError)) and self._full(exc):
@@ -327,6 +328,46 @@ class Ledger:
             for tmp in staged:
                 _unlink(tmp)
             return result, ids
+
+    def _recover_interrupted(self) -> None:
+        """A writer killed between swapping its new head in and its commit (SIGKILL, power loss) leaves the
+        head one append ahead of the rows and its staged old head behind (`.ledger.head.<pid>.<tid>.old.tmp`).
+        Put that old head back when it names the last row, so a crash is not read as a cut tail (which
+        every job and command request then refuses). Staged files of writers still alive are left alone;
+        one of a dead writer that names anything else is only removed, and `verify` judges the head."""
+        prefix = f".{self._head_path.name}."
+        try:
+            leftovers = [t for t in self._head_path.parent.iterdir()
+                         if t.name.startswith(prefix) and t.name.endswith(".tmp")]
+        except OSError:
+            return
+        for tmp in leftovers:
+            parts = tmp.name[len(prefix):].split(".")
+            try:
+                pid, which = int(parts[0]), parts[2]
+            except (ValueError, IndexError):
+                continue
+            if pid == os.getpid() or _pid_alive(pid):
+                continue
+            if which == "old":
+                self._restore_head(tmp)
+            _unlink(tmp)
+
+    def _restore_head(self, staged: Path) -> None:
+        with self._lock:
+            db = self._conn()
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                last = db.execute("SELECT id, hash FROM rows ORDER BY id DESC LIMIT 1").fetchone()
+                old = json.loads(staged.read_text(encoding="utf-8"))
+                head = json.loads(self._head_path.read_text(encoding="utf-8"))
+                if last is not None and (int(old["id"]), str(old["hash"])) == (last[0], last[1]) \
+                        and int(head["id"]) > last[0]:
+                    os.replace(staged, self._head_path)
+            except (sqlite3.Error, OSError, ValueError, KeyError, TypeError):
+                pass  # nothing repaired: `verify` says what it finds
+            finally:
+                _rollback(db)
 
     def _undo_head(self, db: sqlite3.Connection, head_before: tuple[int, str], old_head: Path | None) -> None:
         """Put the head back after a failed write. Still inside its transaction nobody else can have
@@ -509,6 +550,16 @@ def _rollback(db: sqlite3.Connection) -> None:
             db.execute("ROLLBACK")
         except sqlite3.Error:
             pass
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: alive, and not ours to judge
+    return True
 
 
 def _unlink(path: Path) -> None:
