@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from proctor.ledger import GENESIS, LEDGER_FILE, MIGRATIONS, Entry, Ledger, row_hash
+from proctor.ledger import GENESIS, LEDGER_FILE, MIGRATIONS, Entry, Ledger, LedgerTampered, row_hash
 
 SQLITE3 = shutil.which("sqlite3")
 needs_sqlite3 = pytest.mark.skipif(SQLITE3 is None, reason="the sqlite3 CLI is not installed (apt-get install sqlite3)")
@@ -262,3 +262,22 @@ def test_a_head_ahead_of_the_rows_without_a_dead_writers_trace_is_still_a_cut_ta
     with Ledger(path) as led:
         problems = led.verify()
     assert problems and "tail was cut" in problems[0]
+
+
+def test_every_writer_of_an_open_is_refused_once_its_chain_is_found_broken(tmp_path):
+    path = tmp_path / LEDGER_FILE
+    with Ledger(path) as led:
+        for i in range(3):
+            led.append("gate.decision", {"n": i})
+    with Ledger(path) as control:  # an intact chain: a new open writes
+        control.append("gate.decision", {"n": 3})
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TRIGGER rows_no_update")
+        db.execute("UPDATE rows SET payload = ? WHERE id = 2", ('{"n":"edited"}',))
+    with Ledger(path) as led:
+        # The gate's, the listener's, the breaker's rows: none is chained onto the edited row.
+        with pytest.raises(LedgerTampered, match="row 2"):
+            led.append("gate.decision", {"n": 4})
+        with pytest.raises(LedgerTampered):
+            led.append("queue.start", {"n": 5})
+        assert len(led.rows()) == 4

@@ -45,8 +45,8 @@ RESERVE_BYTES = 256 * 1024
 # Below this much free space beside the ledger a job is refused before it starts (host.run_agent): its
 # rows could not all be written.
 MIN_FREE_BYTES = 1024 * 1024
-# The newest rows walked when a job or command request opens the ledger (verify(last=...)): about 0.1 s
-# here, so the check costs the same on a ledger of any size; `proctor ledger verify` walks them all.
+# The newest rows walked before an open ledger's first write (`chain_problems`): 56 ms at 10k rows, about
+# 0.2 s at a million (the row count is linear); `proctor ledger verify` walks them all (6-7 s at a million).
 RECENT_ROWS = 10_000
 
 T = TypeVar("T")
@@ -110,6 +110,15 @@ class LedgerFull(LedgerError):
     """A write failed because the ledger's filesystem is full."""
 
 
+class LedgerTampered(LedgerError):
+    """The chain was already broken when this ledger was opened: no row is chained onto an edited one."""
+
+    def __init__(self, path: Path, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__(f"the ledger {path} was changed outside proctor: {problems[0]}"
+                         + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+
+
 def disk_full(exc: BaseException) -> bool:
     if isinstance(exc, OSError):
         return exc.errno in (errno.ENOSPC, errno.EDQUOT)
@@ -157,6 +166,7 @@ class Ledger:
         self._head_path = self._path.with_suffix(".head")
         self._reserve_path = self._path.with_suffix(".reserve")
         self._reserve_checked = False
+        self._chain: list[str] | None = None
         self._path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         self._db: sqlite3.Connection | None = sqlite3.connect(
@@ -273,8 +283,23 @@ class Ledger:
         self._keep_reserve()
         return done
 
+    def chain_problems(self) -> list[str]:
+        """What is wrong with the chain as this open found it (the newest RECENT_ROWS walked, the head, the
+        triggers, the row count), worked out once per open. Every writer of this instance is refused while
+        it is not empty (`LedgerTampered`), so no writer, the listener's or the gate's, can bury an edited
+        row under new ones until it falls out of the window."""
+        if self._chain is None:
+            try:
+                self._chain = self.verify(last=RECENT_ROWS)
+            except Exception as exc:  # noqa: BLE001 - a file that cannot be read back is no audit trail either
+                self._chain = [f"it cannot be read: {exc}"]
+        return self._chain
+
     def _update_once(self, apply: Callable[[sqlite3.Connection], tuple[T, Sequence[Entry]]]) -> tuple[T, list[int]]:
-        db = self._conn()
+        db = self._conn()  # a closed ledger says so before anything else
+        broken = self.chain_problems()
+        if broken:
+            raise LedgerTampered(self._path, broken)
         with self._lock:
             try:
                 db.execute("BEGIN IMMEDIATE")

@@ -33,7 +33,7 @@ from proctor.commands.request import CommandRequest, StdinContent, read_request,
 from proctor.commands.result import CommandResult
 from proctor.job.git import git
 from proctor.home import proctor_home
-from proctor.ledger import RECENT_ROWS, Ledger
+from proctor.ledger import Ledger
 from proctor.policy import check_workspace
 from proctor.job.process import Exit, LocalRunner, ProcessRunner, Spawn
 
@@ -54,7 +54,7 @@ class _Journal:
             self._ledger = Ledger.default()
             self._owned = True
         if not self._checked:
-            broken = self._ledger.verify(last=RECENT_ROWS)
+            broken = self._ledger.chain_problems()
             if broken:
                 raise LedgerTamperedError(
                     f"the ledger {self._ledger.path} was changed outside proctor: {broken[0]}"

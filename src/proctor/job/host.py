@@ -38,7 +38,7 @@ from proctor.job.attempts import run_attempts
 from proctor.job.cgroup import Limits
 from proctor.job.git import unredirected_env
 from proctor.job.process import Limited, LocalRunner, ProcessRunner, Spawn
-from proctor.ledger import RECENT_ROWS, Ledger, LedgerError, LedgerFull
+from proctor.ledger import Ledger, LedgerError, LedgerFull, LedgerTampered
 from proctor.policy import Policy, PolicyError
 from proctor.progress import NullProgress, Progress
 from proctor.stop import StopSwitch
@@ -143,10 +143,7 @@ def run_agent(
     except Exception as exc:  # noqa: BLE001 - an unusable ledger: refuse rather than run unrecorded
         return refused(request, [f"the ledger cannot be opened: {exc}"], Code.HOST_ERROR, start)
     # A chain already broken is refused before any row: one chained onto an edited row would vouch for it.
-    try:
-        broken = ledger.verify(last=RECENT_ROWS)
-    except Exception as exc:  # noqa: BLE001 - a file that cannot be read back is no audit trail either
-        broken = [f"it cannot be read: {exc}"]
+    broken = ledger.chain_problems()
     if broken:
         if own_ledger:
             ledger.close()
@@ -199,6 +196,8 @@ def _recorded(request, config, runner, progress, cancel, job_id, ledger, stop, s
 
 
 def _ledger_code(exc: LedgerError) -> Code:
+    if isinstance(exc, LedgerTampered):
+        return Code.LEDGER_TAMPERED
     return Code.DISK_FULL if isinstance(exc, LedgerFull) else Code.HOST_ERROR
 
 
