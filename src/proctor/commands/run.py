@@ -31,11 +31,11 @@ from proctor.commands.gates import first_failure
 from proctor.commands.pins import Pins
 from proctor.commands.request import CommandRequest, StdinContent, read_request, read_stdin
 from proctor.commands.result import CommandResult
-from proctor.job.git import git
 from proctor.home import proctor_home
+from proctor.job.git import git
+from proctor.job.process import Exit, LocalRunner, ProcessRunner, Spawn
 from proctor.ledger import Ledger
 from proctor.policy import check_workspace
-from proctor.job.process import Exit, LocalRunner, ProcessRunner, Spawn
 
 
 class _Journal:
