@@ -261,6 +261,15 @@ def _clamped(a: Amount) -> Amount:
     return Amount(max(0, a.runs), max(0, a.tokens), max(0, a.usd_micros))
 
 
+@dataclass(frozen=True)
+class Spend:
+    """Where a job's spend is counted: the tally to open (only when a budget covers the job) and the queue
+    lane it came on. What the caller chooses; the budgets themselves are always the trusted policy's."""
+
+    tally: Callable[[], Tally]
+    lane: str | None = None
+
+
 @dataclass
 class UsageGovernor:
     """`UsageGovernor(budgets, tally, lane=None)`: `tally` makes the store (opened only when a budget covers
@@ -362,6 +371,7 @@ class UsageGovernor:
         reply was lost (a failover; the store retries the request, which then loses to itself) is found in
         the value read next and not applied a second time."""
         op = secrets.token_hex(8)
+        out: Any = None  # what the attempt whose write went in decided
         for attempt in range(self.max_tries):
             found = tally.get(key)
             if attempt and op in ops_of(found):

@@ -30,7 +30,7 @@ from proctor.breaker import Breaker, evidence_for
 from proctor.config import Config, ConfigError, load_config
 from proctor.confine.egress import EgressProxy
 from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status
-from proctor.governor import Booking, UsageGovernor, iso
+from proctor.governor import Booking, Spend, UsageGovernor, iso
 from proctor.home import proctor_home
 from proctor.job import cgroup, environment, frozen, gatekeeper, landing, record, validate, worktree
 from proctor.job.agent_version import VERSION_TIMEOUT_S, agent_version, executable, inside
@@ -122,13 +122,13 @@ def run_agent(
     job_id: str | None = None,
     ledger: Ledger | None = None,
     stop: StopSwitch | None = None,
-    governor: UsageGovernor | None = None,
+    spend: Spend | None = None,
 ) -> RunAgentResult:
     """Have `request.agent` do `request.task` in a new worktree of `request.repo`; never raises for a bad
     request or a misbehaving agent: every outcome is a result with a status and a code.
 
-    `governor` books the job against the trusted policy's spend budgets; default: this home's SQLite tally
-    with no lane (a queued job's runner passes the fleet's tally and the job's lane).
+    The job is booked against the trusted policy's spend budgets (never a caller's) in `spend`'s tally;
+    default: this home's SQLite tally with no lane (a queued job's runner passes the fleet's and its lane).
 
     `cancel` is polled while the agent and validation run (as is the stop switch); a reason kills the whole
     tree. Every job writes a `job.start` row before anything happens and a `job.end` row with its verdict,
@@ -152,7 +152,7 @@ def run_agent(
                        Code.LEDGER_TAMPERED, start)
     job_id = job_id or new_job_id()
     try:
-        result = _recorded(request, config, runner, progress, cancel, job_id, ledger, stop, start, governor=governor)
+        result = _recorded(request, config, runner, progress, cancel, job_id, ledger, stop, start, spend=spend)
         result.job_id = job_id
         return result
     finally:
@@ -161,7 +161,7 @@ def run_agent(
 
 
 def _recorded(request, config, runner, progress, cancel, job_id, ledger, stop, start, *,
-              governor=None) -> RunAgentResult:
+              spend=None) -> RunAgentResult:
     """The job between its `job.start` and `job.end` rows. A row that cannot be written ends the job with a
     result all the same (DISK_FULL when the disk is full): the ledger keeps what it had, never half a row.
     The end row may use the ledger's reserve, so a disk that filled up during the job still records it."""
@@ -179,7 +179,7 @@ def _recorded(request, config, runner, progress, cancel, job_id, ledger, stop, s
     live = record.LiveProgress(job_id, progress or NullProgress())  # progress.json: the review page's
     try:
         result = _admit_and_run(request, config, runner, live, cancel, job_id, ledger, stop, start,
-                                governor=governor)
+                                spend=spend)
     except LedgerError as exc:
         result = refused(request, [f"a ledger row could not be written, so the job was ended: {exc}"],
                          _ledger_code(exc), start)
@@ -202,7 +202,7 @@ def _ledger_code(exc: LedgerError) -> Code:
 
 
 def _admit_and_run(request, config, runner, progress, cancel, job_id, ledger, stop, start, *,
-                   governor=None) -> RunAgentResult:
+                   spend=None) -> RunAgentResult:
     try:
         swept = cgroup.sweep_orphans()
     except OSError:
@@ -220,12 +220,11 @@ def _admit_and_run(request, config, runner, progress, cancel, job_id, ledger, st
         return refused(request, [f"unknown agent {request.agent!r} (known: {known})"], Code.UNKNOWN_AGENT, start)
     breaker = Breaker(ledger, threshold=config.breaker.threshold, cooldown_s=config.breaker.cooldown_s,
                       backoff_s=config.breaker.backoff_s)
-    own_governor = governor is None
-    if own_governor:
-        try:
-            governor = UsageGovernor(Policy.load().budgets, SqliteTally.default)
-        except PolicyError as exc:
-            return refused(request, [f"the trusted policy cannot be read: {exc}"], Code.CONFIG_INVALID, start)
+    spend = spend or Spend(SqliteTally.default)
+    try:
+        governor = UsageGovernor(Policy.load().budgets, spend.tally, lane=spend.lane)
+    except PolicyError as exc:
+        return refused(request, [f"the trusted policy cannot be read: {exc}"], Code.CONFIG_INVALID, start)
     limits = config.limits.resolve()
     job = _Job(request, config, runner or LocalRunner(limits=limits), progress or NullProgress(), cancel, job_id,
                start, ledger, stop or StopSwitch(), spec, limits, Path(tempfile.mkdtemp(prefix=f"proctor-{job_id}-")),
@@ -233,8 +232,7 @@ def _admit_and_run(request, config, runner, progress, cancel, job_id, ledger, st
     try:
         return _run(job, breaker)
     finally:
-        if own_governor:
-            governor.close()
+        governor.close()
         if job.egress is not None:
             job.egress.stop()
         shutil.rmtree(job.agent_tmp, ignore_errors=True)

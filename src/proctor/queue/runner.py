@@ -20,7 +20,7 @@ from proctor.queue.store import JobStore, Owner
 
 if TYPE_CHECKING:
     from proctor.config import Config
-    from proctor.governor import UsageGovernor
+    from proctor.governor import Spend
 
 
 class _Reason:
@@ -44,27 +44,24 @@ def _watch_control(reason: _Reason) -> None:
     reason.set("the listener is gone (control pipe closed)")
 
 
-def _governor(start: dict, config: Config | None) -> UsageGovernor | None:
-    """The fleet's spend governor for this job: the trusted policy's budgets, counted on the queue's KV with
-    the lane the job came on. None when the listener gave no tally, or the policy or config cannot be read
-    (run_agent then reads them itself and refuses the job with the error)."""
+def _spend(start: dict, config: Config | None) -> Spend | None:
+    """Where this job's spend is counted: the queue's KV, with the lane the job came on. None when the
+    listener gave no tally or the config cannot be read (run_agent then counts it locally, or refuses the
+    job over the config itself); the budgets are the trusted policy's, which run_agent reads."""
     from proctor.config import ConfigError, load_config
-    from proctor.governor import UsageGovernor
+    from proctor.governor import Spend
     from proctor.home import proctor_home
-    from proctor.policy import Policy, PolicyError
     from proctor.tally import fleet_tally
 
     reach = start.get("tally")
     if not reach or not reach.get("url"):
         return None
     try:
-        budgets = Policy.load().budgets
         settings = (config or load_config()).queue
-    except (PolicyError, ConfigError):
+    except ConfigError:
         return None
-    return UsageGovernor(budgets, lambda: fleet_tally(reach["url"], settings, proctor_home(),
-                                                      nkey_seed=reach.get("nkey_seed"), inbox_prefix=reach.get("inbox")),
-                         lane=start.get("lane"))
+    return Spend(lambda: fleet_tally(reach["url"], settings, proctor_home(), nkey_seed=reach.get("nkey_seed"),
+                                     inbox_prefix=reach.get("inbox")), lane=start.get("lane"))
 
 
 def main() -> int:
@@ -78,13 +75,8 @@ def main() -> int:
     threading.Thread(target=_watch_control, args=(reason,), daemon=True).start()
     request = RunAgentRequest.model_validate(start["request"])
     config = load_config(start["config"]) if start.get("config") else None
-    governor = _governor(start, config)
-    try:
-        result = run_agent(request, config=config, cancel=reason.get, job_id=start["attemptId"],
-                           governor=governor)
-    finally:
-        if governor is not None:
-            governor.close()
+    result = run_agent(request, config=config, cancel=reason.get, job_id=start["attemptId"],
+                       spend=_spend(start, config))
     result.job_id = start["jobId"]
     store.record_attempt(
         start["jobId"], int(start["delivery"]), worktree=result.worktree_path,
