@@ -536,15 +536,19 @@ class Ledger:
         is an append in flight, not a cut tail."""
         with self._lock:
             db = self._conn()
+            locked = True
             try:
                 db.execute("BEGIN IMMEDIATE")
             except sqlite3.Error:
-                pass  # a read-only file or a writer that holds on: read without the lock
+                locked = False  # a read-only file or a writer that holds on: read without the lock
             try:
                 last = db.execute("SELECT id, hash FROM rows ORDER BY id DESC LIMIT 1").fetchone()
-                return self._head_against(last[0] if last else 0,
-                                          lambda i: (r[0] if (r := db.execute(
-                                              "SELECT hash FROM rows WHERE id = ?", (i,)).fetchone()) else None))
+                found = self._head_against(last[0] if last else 0,
+                                           lambda i: (r[0] if (r := db.execute(
+                                               "SELECT hash FROM rows WHERE id = ?", (i,)).fetchone()) else None))
+                if not locked and found and "the tail was cut" in found[0]:
+                    return []  # without the lock a head ahead is an append in flight as likely: not evidence
+                return found
             finally:
                 _rollback(db)
 
