@@ -77,7 +77,8 @@ class QueueBackend(Protocol):
     async def fetch(self, host: str, lane: str, max_n: int, timeout_s: float) -> list[Delivery]: ...
 
     async def put_job(self, job_id: str, data: bytes) -> None:
-        """The sender's record of where a job went (target, lane, kind); read by `proctor job` and HTTP."""
+        """The sender's record of where a job went (target, lane, kind); read by `proctor job` and HTTP.
+        Create-only: a job id's first record stays."""
         ...
 
     async def get_job(self, job_id: str) -> bytes | None: ...

@@ -119,7 +119,7 @@ class MemoryBackend:
         return self.kv.setdefault(name, {})
 
     async def put_job(self, job_id: str, data: bytes) -> None:
-        self._bucket("jobs")[job_id] = data
+        self._bucket("jobs").setdefault(job_id, data)  # create-only, as the JetStream backend's
 
     async def get_job(self, job_id: str) -> bytes | None:
         return self._bucket("jobs").get(job_id)
