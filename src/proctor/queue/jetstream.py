@@ -48,6 +48,7 @@ RECORD_TTL_S = 14 * 24 * 3600.0
 FAILOVER_S = 30.0
 TRANSIENT = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError,
              nats.js.errors.NoStreamResponseError, nats.errors.ConnectionReconnectingError, asyncio.TimeoutError)
+PLACEMENT_WAIT_S = 10.0  # a forming cluster's JetStream peers join within this (measured ~5 s on loopback)
 ACK_TRIES_S = 15.0  # a confirmed ack is retried this long; past it, a redelivery finds the job done
 
 
@@ -165,7 +166,7 @@ class JetStreamBackend:
     ) -> JetStreamBackend:
         """`url`: one server, or a comma-separated list of a cluster's nodes (the client connects to any that
         answers and fails over to the others, and to the nodes the cluster announces). `replicas`: copies of
-        the stream and each bucket (None: 3 on a cluster of three or more nodes, else as many as it has)."""
+        the stream and each bucket (None: 3 on a cluster, as many as it has when it has fewer; 1 alone)."""
         # Reconnects are unlimited once connected; the first connect is bounded, so a wrong URL is an error,
         # not a hang (nats-py applies max_reconnect_attempts=-1 to the initial connect too).
         servers = [u.strip() for u in url.split(",") if u.strip()]
@@ -187,6 +188,9 @@ class JetStreamBackend:
         await backend._setup(manage, replicas, connect_timeout_s)
         return backend
 
+    def clustered(self) -> bool:
+        return bool((self.nc._server_info or {}).get("cluster"))  # noqa: SLF001 - see cluster_size
+
     def cluster_size(self) -> int:
         """Nodes of the cluster this connection is on, as the server announced them (1: a lone server)."""
         info = self.nc._server_info or {}  # noqa: SLF001 - nats-py keeps the INFO it got only here
@@ -198,11 +202,22 @@ class JetStreamBackend:
         # A cluster answers clients before its JetStream meta leader is elected ("JetStream system temporarily
         # unavailable"): retry within the connect timeout rather than fail a listener that started first.
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(timeout_s, FAILOVER_S)
+        started = loop.time()
+        deadline = started + max(timeout_s, FAILOVER_S)
         while True:
             try:
-                await self._setup_once(manage, replicas or min(3, self.cluster_size()))
+                await self._setup_once(manage, replicas or (3 if self.clustered() else 1))
                 return
+            except nats.js.errors.APIError as exc:
+                # No room for three copies: a cluster still forming (its peers not all known yet: wait), or
+                # one of fewer than three nodes (then as many as it has). A node's INFO can list fewer peers
+                # than the cluster has while routes form, so the count is only the fallback.
+                if replicas or not self.clustered() or exc.err_code not in (10005, 10074):
+                    raise
+                if loop.time() < started + PLACEMENT_WAIT_S:
+                    await asyncio.sleep(0.25)
+                    continue
+                replicas = max(1, min(3, self.cluster_size()))
             except TRANSIENT:
                 if loop.time() >= deadline:
                     raise

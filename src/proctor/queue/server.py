@@ -198,11 +198,42 @@ def start_cluster(base_dir: Path, size: int = 3, *, config_file: Path | None = N
     try:
         for i, spec in enumerate(specs):
             nodes.append(start(base_dir / spec.name, port=ports[i], node=spec, config_file=config_file))
+        _wait_formed(ports)
     except ServerError:
         for n in nodes:
             n.stop()
         raise
     return Cluster(nodes, specs, ports, base_dir, config_file)
+
+
+def _wait_formed(ports: list[int], timeout_s: float = 15.0) -> None:
+    """Until every node's INFO lists every node's client URL: the routes are up (JetStream's own peers then
+    follow within seconds; jetstream.py waits for those)."""
+    want = len(ports)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(len(_info(p).get("connect_urls") or []) >= want for p in ports):
+            return
+        time.sleep(0.05)
+    raise ServerError(f"the {want} nodes on ports {ports} did not route to each other within {timeout_s:.0f}s")
+
+
+def _info(port: int) -> dict:
+    try:
+        with socket.create_connection((LOOPBACK, port), timeout=0.5) as s:
+            s.settimeout(0.5)
+            data = b""
+            while not data.endswith(b"\r\n") and len(data) < 65536:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+    except OSError:
+        return {}
+    try:
+        return json.loads(data.split(b" ", 1)[1])
+    except (IndexError, ValueError):
+        return {}
 
 
 TOKEN_FILE = "token"
