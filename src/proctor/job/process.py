@@ -44,6 +44,8 @@ TAIL_BYTES = 1_000_000
 READ_CHUNK = 1 << 16
 TERM_GRACE_S = 2.0
 POLL_S = 0.1
+KILL_SWEEPS_S = 5.0  # how long kill() keeps sweeping a tree that keeps forking
+LEFTOVER_SETTLE_S = 0.3  # a member still alive this long after the agent exited stayed: it is a leftover
 
 # (stream name, chunk) -> a reason to end the run now, or None. Called from the drain threads.
 Watch = Callable[[str, bytes], str | None]
@@ -223,10 +225,11 @@ class _Tree:
     def kill(self) -> None:
         if self.group is not None:
             self.group.kill()
-        # Repeat: a fork loop can add members between one sweep and the next.
-        for _ in range(20):
-            members = self.alive()
-            if not members:
+        # Repeat until none is left: a fork loop can add members between one sweep and the next, and on a
+        # loaded machine 20 sweeps were measured not to be enough (a fork outlived the job in CI).
+        deadline = time.monotonic() + KILL_SWEEPS_S
+        while time.monotonic() < deadline:
+            if not self.alive():
                 break
             self.signal_all(signal.SIGKILL)
             time.sleep(0.01)
@@ -391,8 +394,15 @@ class LocalRunner:
                 time.sleep(0.02)
             tree.kill()
         else:
-            # The agent exited; nothing it started may outlive the job or hold its pipes open.
+            # The agent exited; nothing it started may outlive the job or hold its pipes open. A member
+            # caught mid-exit is not one that stayed: in a pid namespace (bwrap) the kernel kills every
+            # member with the namespace's init, and under load one was counted before it was gone (a
+            # leftover "running after it exited" in CI). So what is still alive a moment later counts.
             left = [p for p in tree.alive() if p.pid != proc.pid]
+            settle = time.monotonic() + LEFTOVER_SETTLE_S
+            while left and time.monotonic() < settle:
+                time.sleep(0.02)
+                left = [p for p in tree.alive() if p.pid != proc.pid]
             leftovers = len(left)
             if leftovers:
                 tree.kill()
