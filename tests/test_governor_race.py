@@ -23,7 +23,7 @@ from proctor.governor import Booking, Denial, UsageGovernor, key_for
 from proctor.queue import sender, server
 from proctor.queue.jetstream import JetStreamBackend
 from proctor.queue.signers import load_trust
-from proctor.queue.testing import trusted_home
+from proctor.queue.testing import nkey_user, trusted_home
 from proctor.tally import BUCKET, KvTally, SqliteTally, TallyError
 from proctor.testing import Behaviour, FakeAgent
 
@@ -182,16 +182,6 @@ def test_the_fleets_bucket_is_made_on_first_use_and_a_dead_server_fails_closed(n
 
 # -- a queued job, end to end -----------------------------------------------------------------------------
 
-def wait_until(pred, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_a_queued_job_books_on_the_fleets_tally_with_its_lane(nats_url, proctor_home, tmp_path):
     from conftest import make_repo
 
@@ -255,7 +245,6 @@ def test_a_hosts_nkey_user_may_book_on_the_tally_and_only_through_its_permission
             pytest.fail("the nkeys package is missing (pip install nkeys): CI must run this")
         pytest.skip("nats-py needs the `nkeys` package for NKEY auth")
     from proctor.queue.jetstream import host_permissions
-    from proctor.queue.testing import nkey_user
 
     admin_seed, admin_pub = nkey_user(tmp_path, "admin")
     a_seed, a_pub = nkey_user(tmp_path, "hostA")

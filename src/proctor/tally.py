@@ -289,24 +289,12 @@ class KvTally:
 
 
 async def _connect(url: str, options: dict[str, Any], timeout_s: float) -> Any:
-    import nats
+    from proctor.queue.jetstream import open_client
 
-    from proctor.queue import jetstream
-
-    servers = [u.strip() for u in url.split(",") if u.strip()]
-    nc = nats.NATS()
-    options = {"error_cb": jetstream._log_error, **options}  # noqa: SLF001 - one line per error, as the queue's
     try:
-        await asyncio.wait_for(nc.connect(servers=servers, connect_timeout=timeout_s, max_reconnect_attempts=-1,
-                                          reconnect_time_wait=0.5, allow_reconnect=True, **options),
-                               timeout_s * max(1, len(servers)))
-    except asyncio.TimeoutError:
-        try:
-            await nc.close()
-        except Exception:  # noqa: BLE001 - it never connected; nothing to flush
-            pass
-        raise TallyError(f"no NATS server answered at {url} within {timeout_s:.0f}s") from None
-    return nc
+        return await open_client(url, timeout_s, **options)
+    except ConnectionError as exc:
+        raise TallyError(str(exc)) from None
 
 
 def _transient() -> tuple[type[BaseException], ...]:

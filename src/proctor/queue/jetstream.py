@@ -150,6 +150,28 @@ async def _log_error(exc: Exception) -> None:
     log.warning("nats: %s", exc)
 
 
+async def open_client(url: str, connect_timeout_s: float = 5.0, **options: Any) -> Client:
+    """A NATS connection to any of `url`'s comma-separated servers. Reconnects are unlimited once connected;
+    the first connect is bounded, so a wrong URL is a ConnectionError, not a hang (nats-py applies
+    max_reconnect_attempts=-1 to the initial connect too)."""
+    servers = [u.strip() for u in url.split(",") if u.strip()]
+    nc = nats.NATS()
+    options.setdefault("error_cb", _log_error)
+    try:
+        await asyncio.wait_for(
+            nc.connect(servers=servers, connect_timeout=connect_timeout_s, max_reconnect_attempts=-1,
+                       reconnect_time_wait=0.5, allow_reconnect=True, **options),
+            connect_timeout_s * max(1, len(servers)),
+        )
+    except asyncio.TimeoutError:
+        try:
+            await nc.close()
+        except Exception:  # noqa: BLE001 - it never connected; nothing to flush
+            pass
+        raise ConnectionError(f"no NATS server answered at {url} within {connect_timeout_s:.0f}s") from None
+    return nc
+
+
 @dataclass
 class JetStreamBackend:
     """Connect with `await JetStreamBackend.connect(url)`; `manage=True` creates the stream and buckets."""
@@ -167,24 +189,7 @@ class JetStreamBackend:
         """`url`: one server, or a comma-separated list of a cluster's nodes (the client connects to any that
         answers and fails over to the others, and to the nodes the cluster announces). `replicas`: copies of
         the stream and each bucket (None: 3 on a cluster, as many as it has when it has fewer; 1 alone)."""
-        # Reconnects are unlimited once connected; the first connect is bounded, so a wrong URL is an error,
-        # not a hang (nats-py applies max_reconnect_attempts=-1 to the initial connect too).
-        servers = [u.strip() for u in url.split(",") if u.strip()]
-        nc = nats.NATS()
-        options.setdefault("error_cb", _log_error)
-        try:
-            await asyncio.wait_for(
-                nc.connect(servers=servers, connect_timeout=connect_timeout_s, max_reconnect_attempts=-1,
-                           reconnect_time_wait=0.5, allow_reconnect=True, **options),
-                connect_timeout_s * max(1, len(servers)),
-            )
-        except asyncio.TimeoutError:
-            try:
-                await nc.close()
-            except Exception:  # noqa: BLE001 - it never connected; nothing to flush
-                pass
-            raise ConnectionError(f"no NATS server answered at {url} within {connect_timeout_s:.0f}s") from None
-        backend = cls(nc)
+        backend = cls(await open_client(url, connect_timeout_s, **options))
         await backend._setup(manage, replicas, connect_timeout_s)
         return backend
 
