@@ -10,6 +10,7 @@ import time
 
 from proctor.ledger import Ledger
 from proctor.queue import sender
+from proctor.queue import sent as sent_mod
 from proctor.queue.envelope import EnvelopeError
 from proctor.queue.kinds import NoopRunner
 from proctor.queue.listener import Listener, Settings
@@ -60,7 +61,13 @@ def test_sent_records_are_private_and_pruned_by_age(tmp_path):
     path = tmp_path / "queue-sent" / "old1.json"
     assert (path.stat().st_mode & 0o777) == 0o600 and json.loads(path.read_text())["digest"] == "d" * 64
     os.utime(path, (time.time() - KEEP_S - 60,) * 2)
+    sent_mod._last_prune.clear()  # as a new process finds it: its first write sweeps
     fresh = SentStore(tmp_path)
     fresh.put(SentJob("new1", "h", "default", "noop", "e" * 64, "k", time.time()))
     assert fresh.get("old1") is None and fresh.get("new1") is not None  # control: the fresh one stays
+    # Within the hour no write sweeps again (a sweep stats every record: it was run on every publish).
+    fresh.put(SentJob("old2", "h", "default", "noop", "f" * 64, "k", time.time()))
+    os.utime(tmp_path / "queue-sent" / "old2.json", (time.time() - KEEP_S - 60,) * 2)
+    SentStore(tmp_path).put(SentJob("new2", "h", "default", "noop", "a" * 64, "k", time.time()))
+    assert SentStore(tmp_path).get("old2") is not None
     assert fresh.get("../new1") is None

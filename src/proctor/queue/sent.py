@@ -7,7 +7,7 @@ there is a hint for display only. It never talks to the queue.
 
 One small file per job, written through a temp file and `os.replace`, so concurrent `send`s and an HTTP API
 process sharing the home never see half a record. Files not written for `KEEP_S` are pruned by the first
-write of each process (by mtime: one directory scan, no reads).
+write of each process, and again at most hourly (by mtime: one directory scan, no reads).
 """
 
 from __future__ import annotations
@@ -26,6 +26,11 @@ DIR_NAME = "queue-sent"
 # Long enough for a sender to ask about a job for a while after it expired unstarted or ran (the default
 # TTL is a day; the server's KV records live 14 days too).
 KEEP_S = 14 * 24 * 3600.0
+# A sweep stats every record, so it runs at most once a process per this interval for a directory: every
+# `SentStore()` made anew (one a `sender.publish` without a store) swept them all (measured: 0.9 ms of a
+# 1.6 ms publish with 1,000 records, growing with them).
+PRUNE_EVERY_S = 3600.0
+_last_prune: dict[Path, float] = {}
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,6 @@ class SentJob:
 class SentStore:
     def __init__(self, root: Path | None = None) -> None:
         self.root = (root or proctor_home()) / DIR_NAME
-        self._pruned = False
 
     def _path(self, job_id: str) -> Path:
         return self.root / f"{job_id}.json"
@@ -65,9 +69,10 @@ class SentStore:
         with os.fdopen(fd, "w") as fh:
             json.dump(asdict(job), fh)
         os.replace(tmp, path)
-        if not self._pruned:
-            self._pruned = True
-            self.prune(time.time())
+        now = time.time()
+        if now - _last_prune.get(self.root, 0.0) >= PRUNE_EVERY_S:
+            _last_prune[self.root] = now
+            self.prune(now)
 
     def get(self, job_id: str) -> SentJob | None:
         if not valid_job_id(job_id):
