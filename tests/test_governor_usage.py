@@ -70,7 +70,7 @@ def test_a_cost_that_is_not_a_number_of_dollars_is_ignored(bad):
         return read("claude-json", json.dumps({"type": "result", "is_error": False, "result": "ok",
                                                 "total_cost_usd": value}))
 
-    assert cost(0.5) == Usage(0, 0, 0.5, "result.total_cost_usd")  # control
+    assert cost(0.5) == Usage(0, 0, 0.5, "result.total_cost_usd", tokens_stated=False)  # control: no tokens
     assert cost(bad) is None
 
 

@@ -225,8 +225,8 @@ class _Tree:
     def kill(self) -> None:
         if self.group is not None:
             self.group.kill()
-        # Repeat until none is left: a fork loop can add members between one sweep and the next, and on a
-        # loaded machine 20 sweeps were measured not to be enough (a fork outlived the job in CI).
+        # Repeat until none is left (bounded in time, not in sweeps, which a loaded machine stretches): a
+        # fork loop can add members between one sweep and the next.
         deadline = time.monotonic() + KILL_SWEEPS_S
         while time.monotonic() < deadline:
             if not self.alive():
