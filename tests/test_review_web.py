@@ -287,3 +287,21 @@ def test_a_land_refused_on_re_validation_shows_the_merged_trees_output(server, r
     assert "land refused" in html and "REVALIDATION_FAILED" in html
     assert "late.txt breaks the build" in html and "exit 4" in html
     assert sh("git", "rev-parse", "master", cwd=repo).strip() == moved
+
+
+def test_the_list_says_how_many_older_jobs_it_does_not_show(repo, fake, monkeypatch):
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from proctor.web import app as web_app
+    from proctor.web.access import Access
+
+    fake("claude", Behaviour(writes={"a.txt": "a\n"}))
+    ids = [run_job(repo, f"T-{i}")["jobId"] for i in range(3)]
+    monkeypatch.setattr(web_app, "LIST_MAX", 2)
+    app = FastAPI()
+    web_app.mount(app, web_app.Site(Access("t" * 43)))
+    with TestClient(app) as c:
+        html = c.get("/review", headers={"Authorization": "Bearer " + "t" * 43}).text
+    assert ids[2] in html and ids[1] in html and ids[0] not in html  # the newest two
+    assert "1 older jobs are not listed" in html

@@ -48,6 +48,7 @@ EVENT_POLL_S = 1.0  # how often the stream looks for a change
 EVENT_FULL_S = 5.0  # and reads every job anew even when nothing it watches changed (a host that died)
 STREAM_MAX_S = 600.0  # then the stream ends; EventSource reconnects (bounded work per open page)
 MAX_FORM_BYTES = 16 * 1024
+LIST_MAX = 500  # newest jobs on the list page; how many more there are is said (`proctor jobs` has them all)
 FLASH_KEPT = 64
 HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -136,7 +137,8 @@ def routes(site: Site) -> APIRouter:
             return _denied(site)
         with site.open_ledger() as ledger:
             rows = views.job_list(ledger, repo, status)
-        return site.render("list.html", rows=rows, repo=repo, status=status)
+        return site.render("list.html", rows=rows[:LIST_MAX], older=max(0, len(rows) - LIST_MAX), repo=repo,
+                           status=status)
 
     @r.get("/jobs/{job_id}")
     def job_page(request: Request, job_id: str, flash: str = "") -> Response:
@@ -239,7 +241,8 @@ async def _stream(site: Site, request: Request, repo: str, status: str, job: str
                     return None
                 seen, full = mark, time.monotonic()
                 rows = views.job_list(ledger, repo, status)
-                return [r for r in rows if r["jobId"] == job] if job else rows
+                # The page lists the newest LIST_MAX: a row it does not show would make it reload forever.
+                return [r for r in rows if r["jobId"] == job] if job else rows[:LIST_MAX]
 
         rows = await run_in_threadpool(look)
         if rows is not None:
