@@ -14,10 +14,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from proctor.gate import Gate
-from proctor.policy import Ceilings, Policy
-from proctor.stop import StopSwitch
-from proctor.task import AgentTask, Effect, ToolCall
+from proctor.policy.gate import Gate
+from proctor.policy.stop import StopSwitch
+from proctor.policy.task import AgentTask, Effect, ToolCall
+from proctor.policy.trusted import Ceilings, Policy
 
 EFFECTS = [Effect.read, Effect.write, Effect.delete, Effect.none, Effect.shell, Effect.network, Effect.send]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from proctor.job.gatekeeper import ClaudeDialect, GateService, default_task
 from proctor.ledger import Ledger
-from proctor.policy import Policy
+from proctor.policy.trusted import Policy
 
 
 def timed(argv: list[str], stdin: bytes, n: int) -> list[float]:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from proctor.breaker import TRANSITION_KIND, Breaker, BreakerState, Signal, evidence_for
 from proctor.contract import Code, Status
 from proctor.ledger import LEDGER_FILE, Ledger
+from proctor.policy.breaker import TRANSITION_KIND, Breaker, BreakerState, Signal, evidence_for
 
 
 @pytest.fixture(autouse=True)

@@ -26,10 +26,10 @@ from test_real_cli_jobs import ACTION, BIN, CI, run_job
 from proctor.adapters.spec import build
 from proctor.config import builtin_agents, load_config
 from proctor.contract import Code, RunAgentRequest, Status
-from proctor.gate import CallVerdict, Decision, GateCode
 from proctor.job.gate_codex import CodexDialect, command_key
 from proctor.job.gatekeeper import DIALECTS, HOOK_CLIENT
 from proctor.job.host import run_agent
+from proctor.policy.gate import CallVerdict, Decision, GateCode
 
 
 def calls(job) -> list[dict]:

@@ -15,20 +15,20 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import make_repo
+from modelserver import ERROR_MARK, FINAL_TEXT, ScriptedModel
 from test_gate_claude import declaration, gate_rows
 from test_real_cli_jobs import ACTION, BIN, CAPS, CI, run_job
 
-from conftest import make_repo
-from modelserver import ERROR_MARK, FINAL_TEXT, ScriptedModel
 from proctor.adapters.output import read_gemini_stream
 from proctor.config import load_config
 from proctor.contract import Code, RunAgentRequest, Status
-from proctor.gate import CallVerdict, Decision, GateCode
 from proctor.job.gate_gemini import GeminiDialect
 from proctor.job.gatekeeper import default_task, input_digest
 from proctor.job.host import run_agent
-from proctor.policy import Policy
-from proctor.task import AgentTask
+from proctor.policy.gate import CallVerdict, Decision, GateCode
+from proctor.policy.task import AgentTask
+from proctor.policy.trusted import Policy
 
 SHELL = {"name": "run_shell_command", "effect": "shell"}
 

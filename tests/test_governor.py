@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from proctor.adapters.output import Usage
-from proctor.budget import PERIODS, BudgetTable
 from proctor.contract import Code
-from proctor.governor import Booking, Denial, UsageGovernor, iso, key_for
-from proctor.policy import Policy, PolicyError
-from proctor.tally import SqliteTally, Tally, Versioned
+from proctor.policy.budget import PERIODS, BudgetTable
+from proctor.policy.governor import Booking, Denial, UsageGovernor, iso, key_for
+from proctor.policy.tally import SqliteTally, Tally, Versioned
+from proctor.policy.trusted import Policy, PolicyError
 
 HOUR = PERIODS["hour"]
 T0 = 1_796_256_000.0 + 600  # 2026-12-03 00:10 UTC: 10 minutes into an hour and a day

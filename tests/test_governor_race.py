@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from proctor.budget import BudgetTable
 from proctor.contract import Code, Status
-from proctor.governor import Booking, Denial, UsageGovernor, key_for
+from proctor.policy.budget import BudgetTable
+from proctor.policy.governor import Booking, Denial, UsageGovernor, key_for
+from proctor.policy.tally import BUCKET, KvTally, SqliteTally, TallyError
 from proctor.queue import sender, server
 from proctor.queue.jetstream import JetStreamBackend
 from proctor.queue.signers import load_trust
 from proctor.queue.testing import nkey_user, trusted_home
-from proctor.tally import BUCKET, KvTally, SqliteTally, TallyError
 from proctor.testing import Behaviour, FakeAgent
 
 ROUNDS = 50

@@ -14,15 +14,15 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import UNCONFINED, make_repo
+
 from proctor import RunAgentRequest, Status, run_agent
 from proctor.config import ConfigError, LimitsSettings, load_config, parse_size
 from proctor.contract import Code
 from proctor.job import cgroup
 from proctor.job.cgroup import Limits
 from proctor.job.process import Limited, LocalRunner, Spawn
-from proctor.stop import StopSwitch
+from proctor.policy.stop import StopSwitch
 
 PY = sys.executable
 MIB = 1 << 20

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import sh
+
 from proctor import RunAgentRequest, Status, run_agent
-from proctor.job import cgroup
-from proctor.confine import detect
 from proctor.config import load_config
+from proctor.confine import detect
 from proctor.contract import Code
+from proctor.job import cgroup
 from proctor.ledger import Ledger
-from proctor.stop import StopSwitch
+from proctor.policy.stop import StopSwitch
 from proctor.testing import Behaviour
 
 CAPS = detect()

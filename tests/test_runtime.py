@@ -9,11 +9,10 @@ from typing import Any
 
 import pytest
 
-from proctor.breaker import Breaker, BreakerState, Signal
-from proctor.gate import CallVerdict, Gate
 from proctor.ledger import LEDGER_FILE, Ledger
-from proctor.policy import Policy
-from proctor.runtime import (
+from proctor.policy.breaker import Breaker, BreakerState, Signal
+from proctor.policy.gate import CallVerdict, Gate
+from proctor.policy.runtime import (
     AgentRuntime,
     Availability,
     BackendRateLimited,
@@ -26,8 +25,9 @@ from proctor.runtime import (
     Verdict,
     run_agent,
 )
-from proctor.stop import StopSwitch
-from proctor.task import AgentTask, ToolCall
+from proctor.policy.stop import StopSwitch
+from proctor.policy.task import AgentTask, ToolCall
+from proctor.policy.trusted import Policy
 
 Script = Callable[[Gate, Usage], Iterator[Any]]
 
@@ -286,7 +286,7 @@ def test_step_limit_control_at_limit(ws, ledger, breaker, clock):
 
 
 def test_step_limit_capped_by_policy_ceiling(ws, ledger, breaker, clock):
-    from proctor.policy import Ceilings
+    from proctor.policy.trusted import Ceilings
 
     def many(gate: Gate, usage: Usage) -> Iterator[Any]:
         assert usage.limits.max_steps == 2

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from proctor.breaker import Breaker
-from proctor.gate import Gate
 from proctor.ledger import LEDGER_FILE, Ledger
-from proctor.policy import Ceilings, Policy
-from proctor.runtime import Availability, FinishedEvent, RunCode, StepEvent, Usage, run_agent
-from proctor.stop import DEFAULT_REASON, STOP_FILE, StopSwitch
-from proctor.task import AgentTask
+from proctor.policy.breaker import Breaker
+from proctor.policy.gate import Gate
+from proctor.policy.runtime import Availability, FinishedEvent, RunCode, StepEvent, Usage, run_agent
+from proctor.policy.stop import DEFAULT_REASON, STOP_FILE, StopSwitch
+from proctor.policy.task import AgentTask
+from proctor.policy.trusted import Ceilings, Policy
 
 
 @pytest.fixture(autouse=True)

@@ -10,10 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import proctor
-from proctor.gate import CallVerdict, Decision, Gate, GateCode, decide, plan
-from proctor.policy import Ceilings, Policy, PolicyError, check_workspace
-from proctor.stop import StopSwitch
-from proctor.task import AgentTask, Effect, ToolCall
+from proctor.policy.gate import CallVerdict, Decision, Gate, GateCode, decide, plan
+from proctor.policy.stop import StopSwitch
+from proctor.policy.task import AgentTask, Effect, ToolCall
+from proctor.policy.trusted import Ceilings, Policy, PolicyError, check_workspace
 
 NO_STOP = lambda: None  # noqa: E731
 

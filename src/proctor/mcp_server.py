@@ -10,7 +10,7 @@ stderr only.
     job_status  a job's state from the ledger (proctor.review.jobs), with its live phase while it runs here
     job_result  its result; optionally waits, sending `notifications/progress` (phase, last output line)
     list_jobs, diff, land, discard   the review verbs (proctor.review), rows as the CLI writes them
-    check_task, decide               the policy half (proctor.gate), as `proctor check-task|decide` do
+    check_task, decide               the policy half (proctor.policy.gate), as `proctor check-task|decide` do
 
 Progress goes out as notifications of the request that waits (`job_result` with a progress token): after
 `run_agent` has answered, MCP allows no more notifications on its token. A job lives as long as the server
@@ -47,19 +47,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from proctor.config import Config, ConfigError, load_config
 from proctor.contract import Code as JobCode
 from proctor.contract import RunAgentRequest, RunAgentResult, Status, request_errors
-from proctor.gate import Gate, plan
 from proctor.job.host import new_job_id, run_agent
 from proctor.job.process import Watch
 from proctor.ledger import Ledger
-from proctor.policy import Policy, PolicyError
+from proctor.policy.gate import Gate, plan
+from proctor.policy.stop import StopSwitch
+from proctor.policy.task import AgentTask, ToolCall
+from proctor.policy.trusted import Policy, PolicyError
 from proctor.review import gc as gc_mod
 from proctor.review import jobs as jobs_mod
 from proctor.review import land as land_mod
 from proctor.review.diff import Diff, diff
 from proctor.review.outcome import Code as ReviewCode
 from proctor.review.outcome import Outcome
-from proctor.stop import StopSwitch
-from proctor.task import AgentTask, ToolCall
 from proctor.terminal import visible
 
 log = logging.getLogger("proctor.mcp")

@@ -17,12 +17,12 @@ import click
 from pydantic import BaseModel, ValidationError
 
 from proctor.cli import main
-from proctor.gate import Gate, plan
 from proctor.home import proctor_home
 from proctor.ledger import LEDGER_FILE, Ledger
-from proctor.policy import Policy, PolicyError
-from proctor.stop import StopSwitch
-from proctor.task import AgentTask, ToolCall
+from proctor.policy.gate import Gate, plan
+from proctor.policy.stop import StopSwitch
+from proctor.policy.task import AgentTask, ToolCall
+from proctor.policy.trusted import Policy, PolicyError
 from proctor.terminal import json_safe, visible
 
 

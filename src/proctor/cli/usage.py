@@ -1,6 +1,6 @@
 """`proctor usage [--json] [--fleet]`: each spend budget's current windows against its limits.
 
-A thin command: the trusted policy's budgets (proctor.policy), the tally they are counted in (this home's
+A thin command: the trusted policy's budgets (proctor.policy.trusted), the tally they are counted in (this home's
 SQLite for jobs run here; with `--fleet`, the queue's KV bucket every listener books in) and the governor's
 `spend()`. It changes nothing. A policy that cannot be read is `proctor: usage refused (CONFIG_INVALID): ...`
 and exit 2; a tally that cannot be reached is `... (BUDGET_UNAVAILABLE): ...` and exit 1.
@@ -17,10 +17,10 @@ import click
 
 from proctor.cli import main
 from proctor.contract import Code
-from proctor.governor import UsageGovernor, iso
 from proctor.home import ensure_home
-from proctor.policy import Policy, PolicyError
-from proctor.tally import SqliteTally, Tally, TallyError, fleet_tally
+from proctor.policy.governor import UsageGovernor, iso
+from proctor.policy.tally import SqliteTally, Tally, TallyError, fleet_tally
+from proctor.policy.trusted import Policy, PolicyError
 from proctor.terminal import json_safe, visible
 
 

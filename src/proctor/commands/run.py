@@ -35,7 +35,7 @@ from proctor.home import proctor_home
 from proctor.job.git import git
 from proctor.job.process import Exit, LocalRunner, ProcessRunner, Spawn
 from proctor.ledger import Ledger
-from proctor.policy import check_workspace
+from proctor.policy.trusted import check_workspace
 
 
 class _Journal:

@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from proctor.gate import CallVerdict, Decision
-from proctor.task import Effect
+from proctor.policy.gate import CallVerdict, Decision
+from proctor.policy.task import Effect
 
 if TYPE_CHECKING:
     from proctor.job.gatekeeper import Answer

@@ -37,13 +37,13 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from proctor.gate import CallVerdict, Decision, ToolRule, tool_rules
-from proctor.task import Effect
+from proctor.policy.gate import CallVerdict, Decision, ToolRule, tool_rules
+from proctor.policy.task import Effect
 
 if TYPE_CHECKING:
     from proctor.job.gatekeeper import Answer
-    from proctor.policy import Policy
-    from proctor.task import AgentTask
+    from proctor.policy.task import AgentTask
+    from proctor.policy.trusted import Policy
 
 # Gemini CLI 0.61's built-in tools (its *_TOOL_NAME constants and the declarations `-p --approval-mode yolo`
 # sends its model API, measured) and what each does.

@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from proctor.gate import CallVerdict, Decision, Gate, GateCode
 from proctor.job.gate_codex import CodexDialect
 from proctor.job.gate_gemini import GeminiDialect
 from proctor.ledger import Ledger
-from proctor.policy import Policy
-from proctor.task import AgentTask, Effect, Permissions, ToolSpec
+from proctor.policy.gate import CallVerdict, Decision, Gate, GateCode
+from proctor.policy.task import AgentTask, Effect, Permissions, ToolSpec
+from proctor.policy.trusted import Policy
 
 HOOK_CLIENT = Path(__file__).resolve().parent.parent / "hook_client.py"
 HOOK_TIMEOUT_S = 60  # the CLI's own timeout for the hook; the client gives up (deny) well before it

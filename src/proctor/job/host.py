@@ -26,11 +26,9 @@ from pydantic import ValidationError
 from proctor import confine
 from proctor.adapters.output import Backend, Usage
 from proctor.adapters.spec import AdapterSpec, Invocation, Refused, build, pool_key
-from proctor.breaker import Breaker, evidence_for
 from proctor.config import Config, ConfigError, load_config
 from proctor.confine.egress import EgressProxy
 from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status
-from proctor.governor import Booking, Spend, UsageGovernor, iso
 from proctor.home import proctor_home
 from proctor.job import cgroup, environment, frozen, gatekeeper, landing, record, validate, worktree
 from proctor.job.agent_version import VERSION_TIMEOUT_S, agent_version, executable, inside
@@ -39,11 +37,13 @@ from proctor.job.cgroup import Limits
 from proctor.job.git import unredirected_env
 from proctor.job.process import Limited, LocalRunner, ProcessRunner, Spawn
 from proctor.ledger import Ledger, LedgerError, LedgerFull, LedgerTampered
-from proctor.policy import Policy, PolicyError
+from proctor.policy.breaker import Breaker, evidence_for
+from proctor.policy.governor import Booking, Spend, UsageGovernor, iso
+from proctor.policy.stop import StopSwitch
+from proctor.policy.tally import SqliteTally
+from proctor.policy.task import AgentTask
+from proctor.policy.trusted import Policy, PolicyError
 from proctor.progress import NullProgress, Progress
-from proctor.stop import StopSwitch
-from proctor.tally import SqliteTally
-from proctor.task import AgentTask
 
 PYTEST_NO_TESTS = 5
 

@@ -72,7 +72,7 @@ def host_permissions(host: str, lanes: list[str]) -> dict[str, Any]:
         *(f"{api}.DIRECT.GET.KV_{b}.>" for b in BUCKETS),
         f"$KV.proctor_results.{host}.>",
         f"$KV.proctor_running.{host}.>",
-        # the spend tally (proctor.tally): every host reads and compare-and-sets every budget's key
+        # the spend tally (proctor.policy.tally): every host reads and compare-and-sets every budget's key
         f"{api}.STREAM.INFO.KV_proctor_usage", f"{api}.STREAM.MSG.GET.KV_proctor_usage",
         f"{api}.DIRECT.GET.KV_proctor_usage.>", "$KV.proctor_usage.>",
         # the cancel-flag watch: an ordered push consumer on the cancel bucket (read-only, as DIRECT.GET is)

@@ -4,7 +4,7 @@ Owns the child side of the control pipe: the first stdin line is the job, later 
 and end-of-file means the listener is gone, which cancels the run (run_agent then kills the agent's tree).
 It records how the attempt ended in the listener's store, so a listener that takes the job over can name the
 abandoned worktree; it prints the result as the last stdout line. It never talks to the queue's jobs; it
-counts the job's spend on the fleet's tally (proctor.tally, its own connection) when the listener says how.
+counts the job's spend on the fleet's tally (proctor.policy.tally, its own connection) when the listener says how.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from proctor.queue.store import JobStore, Owner
 
 if TYPE_CHECKING:
     from proctor.config import Config
-    from proctor.governor import Spend
+    from proctor.policy.governor import Spend
 
 
 class _Reason:
@@ -49,9 +49,9 @@ def _spend(start: dict, config: Config | None) -> Spend | None:
     listener gave no tally or the config cannot be read (run_agent then counts it locally, or refuses the
     job over the config itself); the budgets are the trusted policy's, which run_agent reads."""
     from proctor.config import ConfigError, load_config
-    from proctor.governor import Spend
     from proctor.home import proctor_home
-    from proctor.tally import fleet_tally
+    from proctor.policy.governor import Spend
+    from proctor.policy.tally import fleet_tally
 
     reach = start.get("tally")
     if not reach or not reach.get("url"):

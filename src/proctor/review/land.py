@@ -37,11 +37,11 @@ from proctor.job import worktree
 from proctor.job.git import git
 from proctor.job.landing import COMMIT_ENV
 from proctor.ledger import Ledger, LedgerError
+from proctor.policy.stop import StopSwitch
 from proctor.review import revalidate
 from proctor.review.jobs import Job
 from proctor.review.objects import JobObjects, open_objects
 from proctor.review.outcome import Code, Outcome, refuse
-from proctor.stop import StopSwitch
 
 Mode = Literal["auto", "merge", "squash", "ff-only"]
 # Beside proctor.job.git's SAFE_CONFIG, for the commands that write the main repo: no auto-gc or

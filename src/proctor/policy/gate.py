@@ -35,9 +35,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from proctor.policy import Ceilings, Policy, PolicyError, check_workspace
-from proctor.stop import StopSwitch
-from proctor.task import FILE_EFFECTS, NETWORK_EFFECTS, OUTWARD, PERMISSION_FOR, AgentTask, Effect, ToolCall
+from proctor.policy.stop import StopSwitch
+from proctor.policy.task import FILE_EFFECTS, NETWORK_EFFECTS, OUTWARD, PERMISSION_FOR, AgentTask, Effect, ToolCall
+from proctor.policy.trusted import Ceilings, Policy, PolicyError, check_workspace
 
 
 class GateCode(StrEnum):

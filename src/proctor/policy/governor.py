@@ -1,7 +1,7 @@
 """The spend governor: before anything launches, a job books its estimate against every budget that covers
 it; after the run, the booking is settled with what the CLI itself reported, or released if nothing ran.
 
-Owns the rules of a budget's windows and the compare-and-set loop over the tally (proctor.tally): read the
+Owns the rules of a budget's windows and the compare-and-set loop over the tally (proctor.policy.tally): read the
 budget's value and revision, compute the new value, write it only if the revision did not move, else read
 again. Two hosts racing for a budget's last unit both compute a booking from the same revision; the server
 (or SQLite) takes exactly one write, and the loser reads the winner's value and is denied. It never reads
@@ -13,7 +13,7 @@ every limit it is over and the latest time one frees. Then it books each in name
 its race to the last unit releases the ones already made (a compensating compare-and-set). So no limit is
 ever passed; two jobs racing over overlapping budgets may, rarely, both be denied where one could have run.
 
-Windows (proctor.budget): fixed, UTC-aligned hours and days, both kept for every budget. A booking counts in
+Windows (proctor.policy.budget): fixed, UTC-aligned hours and days, both kept for every budget. A booking counts in
 the windows current when it was made; settling or releasing it changes those windows only while they are
 current (a window that closed meanwhile keeps the estimate: its spend is history, and in the ledger).
 """
@@ -30,9 +30,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from proctor.adapters.output import Usage
-from proctor.budget import PERIODS, Amount, Budget, Limit, covering, usd_micros, window_end, window_start
 from proctor.contract import Code
-from proctor.tally import Tally, TallyError, Versioned
+from proctor.policy.budget import PERIODS, Amount, Budget, Limit, covering, usd_micros, window_end, window_start
+from proctor.policy.tally import Tally, TallyError, Versioned
 
 STATE_VERSION = 1
 KEY_PREFIX = "budget."

@@ -12,7 +12,7 @@ places, the same contract:
   and `create` are the server's own compare-and-set (`Nats-Expected-Last-Subject-Sequence`).
 
 A lost race is `None` from `create`/`update`, never an exception: the caller reads again and retries. It
-never decides what a value means (proctor.governor does) and writes no ledger rows (the host does). A tally
+never decides what a value means (proctor.policy.governor does) and writes no ledger rows (the host does). A tally
 that cannot be reached raises `TallyError`, which the governor turns into a refusal: spend that cannot be
 counted is not spent. nats is imported where the KV tally uses it: a local job never loads it.
 """

@@ -16,9 +16,9 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import proctor
-from proctor.budget import Budget, BudgetName, BudgetTable
 from proctor.home import proctor_home
-from proctor.task import AgentTask, Effect
+from proctor.policy.budget import Budget, BudgetName, BudgetTable
+from proctor.policy.task import AgentTask, Effect
 
 POLICY_FILE = "policy.toml"
 
@@ -119,7 +119,7 @@ class Policy:
         paths = [".git", "secrets/*"]
         [approve]                # held for a person: refused APPROVAL_REQUIRED until `proctor approve`
         effects = ["network"]
-        [budgets.claude-team]    # spend per pool and window (proctor.budget; enforced by proctor.governor)
+        [budgets.claude-team]    # spend per pool and window (proctor.policy.budget; enforced by proctor.policy.governor)
         agent = "claude"
         runs_per_hour = 20
     """

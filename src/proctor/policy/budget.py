@@ -1,8 +1,8 @@
 """Spend budgets as the trusted policy declares them: which jobs a budget covers and what it allows per window.
 
-Owns the `[budgets.<name>]` tables of `$PROCTOR_HOME/policy.toml` (parsed here, loaded by `proctor.policy`,
+Owns the `[budgets.<name>]` tables of `$PROCTOR_HOME/policy.toml` (parsed here, loaded by `proctor.policy.trusted`,
 never taken from a caller), the amounts a job is counted in and the window arithmetic. It never counts
-anything (proctor.tally keeps the counters) and never admits a job (proctor.governor does).
+anything (proctor.policy.tally keeps the counters) and never admits a job (proctor.policy.governor does).
 
     [budgets.claude-fast]
     agent = "claude"             # the request's agent; a budget names an agent, a lane, or both

@@ -20,12 +20,12 @@ from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from proctor.breaker import Breaker, Signal
-from proctor.gate import CallVerdict, Decision, Gate
 from proctor.ledger import Ledger
-from proctor.policy import Ceilings, Policy, check_workspace
-from proctor.stop import StopSwitch
-from proctor.task import AgentTask
+from proctor.policy.breaker import Breaker, Signal
+from proctor.policy.gate import CallVerdict, Decision, Gate
+from proctor.policy.stop import StopSwitch
+from proctor.policy.task import AgentTask
+from proctor.policy.trusted import Ceilings, Policy, check_workspace
 
 _CLOSED = ConfigDict(extra="forbid", frozen=True)
 
