@@ -270,11 +270,15 @@ def _tampered(
     plan: _Plan, done: Exit, before: snapshot.Snapshot, run: confined.ConfinedRun | isolation.UnconfinedRun,
     request_id: str, outside: list[str], rolled_back: list[str], unpinned: list[str], *, tampered: list[str],
     problems: list[str], ran: bool = True,
-) -> CommandResult:
+) -> CommandResult | None:
     """The full result of a run that changed the control plane: it ran (its exit, output and writes stand),
-    and the tamper is its code and its own field, so a caller never reads "did not run" into it."""
-    changes = snapshot.diff(before, snapshot.take(plan.plane.project, plan.watch, reference=before))
-    result = _result(plan, done, changes, run, request_id, outside, rolled_back, unpinned)
+    and the tamper is its code and its own field, so a caller never reads "did not run" into it. None when
+    even that cannot be built (the project cannot be read back): the tamper is still LEDGER_TAMPERED."""
+    try:
+        changes = snapshot.diff(before, snapshot.take(plan.plane.project, plan.watch, reference=before))
+        result = _result(plan, done, changes, run, request_id, outside, rolled_back, unpinned)
+    except Exception:  # noqa: BLE001 - the tamper must reach the caller as itself, never as HOST_ERROR
+        return None
     return result.model_copy(update={"code": RequestCode.LEDGER_TAMPERED, "ran": ran, "tampered": tampered,
                                      "ledger_problems": problems[:20]})
 
@@ -378,7 +382,7 @@ def _run(
             f"{entry.name!r} changed control files that could not be put back: {unrestored[:5]}; "
             f"put back: {rolled_back[:5]}; nothing more is recorded for request {request_id}",
             _tampered(plan, done, before, run, request_id, outside, rolled_back, pins.unpinned,
-                      tampered=sorted({*moved, *unrestored}), problems=[], ran=spawn_error is None),
+                      tampered=sorted({*moved, *unrestored}), problems=journal.problems(), ran=spawn_error is None),
         )
     if spawn_error is not None:
         exc = ProposalError(RequestCode.SPAWN_FAILED, f"{entry.program!r} could not start: {spawn_error}")
