@@ -68,3 +68,64 @@ def fake(fake_bin):
         return FakeAgent(fake_bin, name, behaviour)
 
     return make
+
+
+class Clock:
+    """A clock a test moves by hand: `clock.now += 60`."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def nats_url(tmp_path_factory):
+    """One real nats-server (the bundled binary) for a test module."""
+    from proctor.queue import server
+
+    handle = server.start(tmp_path_factory.mktemp("nats") / "store")
+    yield handle.url
+    handle.stop()
+
+
+@pytest.fixture
+def clear_of_the_hour():
+    """For runs counted in the real clock's hour: one that starts in the last half minute of an hour waits
+    for the next, so no window rolls over between a booking and the check of it."""
+    import time
+
+    left = 3600 - time.time() % 3600
+    if left < 30:
+        time.sleep(left + 0.5)
+
+
+def serve_in_thread(app):  # type: ignore[no-untyped-def]
+    """`app` served by uvicorn (through the guard's config) on a free loopback port in a thread; a context
+    manager yielding its base URL."""
+    import contextlib
+    import threading
+    import time
+
+    import uvicorn
+
+    from proctor.api.guard import server_config
+    from proctor.queue import server
+
+    @contextlib.contextmanager
+    def serving():
+        port = server.free_port()
+        srv = uvicorn.Server(server_config(app, "127.0.0.1", port))
+        thread = threading.Thread(target=srv.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not srv.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            srv.should_exit = True
+            thread.join(10)
+
+    return serving()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import Clock
 
 from proctor.contract import Code, Status
 from proctor.ledger import LEDGER_FILE, Ledger
@@ -19,17 +20,9 @@ def home(tmp_path, monkeypatch) -> Path:
     return h
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def clock() -> Clock:
-    return Clock()
+    return Clock(1_000.0)
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import Clock
 
 from proctor.adapters.output import Usage
 from proctor.contract import Code
@@ -20,17 +21,9 @@ HOUR = PERIODS["hour"]
 T0 = 1_796_256_000.0 + 600  # 2026-12-03 00:10 UTC: 10 minutes into an hour and a day
 
 
-class Clock:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def clock() -> Clock:
-    return Clock()
+    return Clock(T0)
 
 
 @pytest.fixture

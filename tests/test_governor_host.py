@@ -9,14 +9,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import make_repo
+
 from proctor.cli import main
 from proctor.config import load_config
 from proctor.contract import Code, RunAgentRequest, Status
@@ -32,13 +31,8 @@ GEMINI_JSON = (SAMPLES / "gemini-0.61.json").read_text()
 WRITES = {"out.txt": "done\n"}
 
 
-@pytest.fixture(autouse=True)
-def clear_of_the_hour():
-    """These runs count in the real clock's hour: one that starts in the last half minute of an hour waits
-    for the next, so no window rolls over between a booking and the check of it."""
-    left = 3600 - time.time() % 3600
-    if left < 30:
-        time.sleep(left + 0.5)
+# These runs count in the real clock's hour (conftest.clear_of_the_hour).
+pytestmark = pytest.mark.usefixtures("clear_of_the_hour")
 
 
 def request(repo: Path, agent: str = "claude") -> RunAgentRequest:

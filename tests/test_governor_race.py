@@ -32,20 +32,8 @@ LIMIT = 3  # each round's budget: LIMIT - 1 units booked before the race, the ra
 PROCTOR = [sys.executable, "-c", "from proctor.cli import main; main()"]
 
 
-@pytest.fixture(autouse=True)
-def clear_of_the_hour():
-    """These runs count in the real clock's hour: one that starts in the last half minute of an hour waits
-    for the next, so no window rolls over between a booking and the check of it."""
-    left = 3600 - time.time() % 3600
-    if left < 30:
-        time.sleep(left + 0.5)
-
-
-@pytest.fixture(scope="module")
-def nats_url(tmp_path_factory):
-    handle = server.start(tmp_path_factory.mktemp("nats") / "store")
-    yield handle.url
-    handle.stop()
+# These runs count in the real clock's hour (conftest.clear_of_the_hour).
+pytestmark = pytest.mark.usefixtures("clear_of_the_hour")
 
 
 def round_budget(prefix: str, r: int):

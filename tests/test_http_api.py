@@ -6,17 +6,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import threading
-import time
 
 import httpx
 import pytest
 import schemathesis
-import uvicorn
+from conftest import serve_in_thread
 from hypothesis import HealthCheck, given, settings
 
 from proctor.api.app import create_app
-from proctor.api.guard import server_config
 from proctor.ledger import Ledger
 from proctor.queue import keys, sender, server
 from proctor.queue.envelope import canonical_json
@@ -39,16 +36,8 @@ def api(tmp_path_factory):
     trusted_home(home)
     handle = server.start(tmp_path_factory.mktemp("nats") / "store")
     app = create_app(lambda: JetStreamBackend.connect(handle.url), load_trust(home), SentStore(home))
-    port = server.free_port()
-    srv = uvicorn.Server(server_config(app, "127.0.0.1", port))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not srv.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}", handle.url, home
-    srv.should_exit = True
-    thread.join(10)
+    with serve_in_thread(app) as base:
+        yield base, handle.url, home
     handle.stop()
 
 

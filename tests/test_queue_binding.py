@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,23 +18,21 @@ import pytest
 
 from proctor.contract import Code, Status
 from proctor.ledger import Ledger
-from proctor.queue import keys, sender, server
+from proctor.queue import keys, sender
 from proctor.queue.backend import message_id
 from proctor.queue.envelope import EnvelopeError, envelope_digest, job_fields, seal
 from proctor.queue.jetstream import JetStreamBackend
 from proctor.queue.results import SignedResult
 from proctor.queue.sent import SentStore
 from proctor.queue.signers import load_trust
-from proctor.queue.testing import read_probe, trusted_home, write_agent_config, write_probe_agent
-
-PROCTOR = [sys.executable, "-c", "from proctor.cli import main; main()"]
-
-
-@pytest.fixture(scope="module")
-def nats_url(tmp_path_factory):
-    handle = server.start(tmp_path_factory.mktemp("nats") / "store")
-    yield handle.url
-    handle.stop()
+from proctor.queue.testing import (
+    PROCTOR_CLI,
+    Listeners,
+    read_probe,
+    trusted_home,
+    write_agent_config,
+    write_probe_agent,
+)
 
 
 @pytest.fixture
@@ -43,22 +40,14 @@ def fleet(proctor_home, repo, tmp_path):
     th = trusted_home(proctor_home)
     probe = tmp_path / "probe.jsonl"
     cfg = write_agent_config(tmp_path / "agents.toml", write_probe_agent(tmp_path / "fake-agent", probe))
-    procs: list[subprocess.Popen] = []
+    listeners = Listeners(cfg)
 
     def listen(host: str, url: str, *, lanes: str = "default=1,other=1", home: Path | None = None) -> None:
-        env = {**os.environ, "PROCTOR_HOME": str(home or proctor_home)}
-        procs.append(subprocess.Popen([*PROCTOR, "listen", "--host", host, "--lanes", lanes, "--ack-wait", "5",
-                                       "--config", str(cfg), "--queue", url], env=env,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        listeners.start(host, url, ack_wait_s=5, lanes=lanes, stderr=subprocess.DEVNULL,
+                        env={**os.environ, "PROCTOR_HOME": str(home or proctor_home)})
 
     yield th, probe, repo, listen
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+    listeners.stop(10)
 
 
 def run_agent_job(th, host, repo, task):
@@ -238,7 +227,7 @@ def test_a_retargeted_record_changes_nothing_the_sender_accepts(nats_url, fleet,
             await b.close()
 
     control, job, during, shown = asyncio.run(attack())
-    cli_job = subprocess.run([*PROCTOR, "job", job.job_id, "--queue", nats_url], capture_output=True, text=True,
+    cli_job = subprocess.run([*PROCTOR_CLI, "job", job.job_id, "--queue", nats_url], capture_output=True, text=True,
                              timeout=60)
     listen(host_a, nats_url)
 

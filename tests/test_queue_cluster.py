@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -18,6 +16,7 @@ from proctor.queue import sender, server
 from proctor.queue.jetstream import BUCKETS, STREAM, JetStreamBackend
 from proctor.queue.signers import load_trust
 from proctor.queue.testing import (
+    Listeners,
     overlapping_runs,
     read_probe,
     trusted_home,
@@ -27,7 +26,6 @@ from proctor.queue.testing import (
 )
 from proctor.queue.testing import runs_started as starts
 
-PROCTOR = [sys.executable, "-c", "from proctor.cli import main; main()"]
 ACK_WAIT = 30.0  # the lease: a failover (seconds) must not cost the running job its lease (0.6 of this)
 
 pytestmark = pytest.mark.timeout(120)
@@ -45,22 +43,9 @@ def fleet(proctor_home, repo, tmp_path, cluster):
     th = trusted_home(proctor_home)
     probe = tmp_path / "probe.jsonl"
     cfg = write_agent_config(tmp_path / "agents.toml", write_probe_agent(tmp_path / "fake-agent", probe))
-    procs: list[subprocess.Popen] = []
-
-    def listen(host: str) -> subprocess.Popen:
-        p = subprocess.Popen([*PROCTOR, "listen", "--host", host, "--ack-wait", str(ACK_WAIT), "--config", str(cfg),
-                              "--queue", cluster.url], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        procs.append(p)
-        return p
-
-    yield th, probe, repo, listen
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+    listeners = Listeners(cfg)
+    yield th, probe, repo, lambda host: listeners.start(host, cluster.url, ack_wait_s=ACK_WAIT)
+    listeners.stop(15)
 
 
 def run(coro):

@@ -10,11 +10,9 @@ import json
 import time
 from contextlib import asynccontextmanager
 
-import pytest
-
 from proctor.contract import Code, RunAgentResult, Status
 from proctor.ledger import Ledger
-from proctor.queue import sender, server
+from proctor.queue import sender
 from proctor.queue.envelope import EnvelopeError, canonical_json, envelope_digest, job_fields, seal
 from proctor.queue.jetstream import JetStreamBackend, job_subject
 from proctor.queue.kinds import NoopRunner
@@ -25,13 +23,6 @@ from proctor.queue.testing import trusted_home
 
 PAYLOAD = {"agent": "fake", "task": "do it", "repo": "/tmp/r", "ticket": "T-1"}
 _hosts = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def nats_url(tmp_path_factory):
-    handle = server.start(tmp_path_factory.mktemp("nats") / "store")
-    yield handle.url
-    handle.stop()
 
 
 class RecordingRunner:

@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -19,10 +18,12 @@ import pytest
 
 from proctor.contract import Code, Status
 from proctor.ledger import Ledger
-from proctor.queue import sender, server
+from proctor.queue import sender
 from proctor.queue.jetstream import JetStreamBackend
 from proctor.queue.signers import load_trust
 from proctor.queue.testing import (
+    PROCTOR_CLI,
+    Listeners,
     overlapping_runs,
     read_probe,
     trusted_home,
@@ -33,14 +34,6 @@ from proctor.queue.testing import (
 from proctor.queue.testing import runs_started as starts
 
 ACK_WAIT = 3.0
-PROCTOR = [sys.executable, "-c", "from proctor.cli import main; main()"]
-
-
-@pytest.fixture(scope="module")
-def nats_url(tmp_path_factory):
-    handle = server.start(tmp_path_factory.mktemp("nats") / "store")
-    yield handle.url
-    handle.stop()
 
 
 @pytest.fixture
@@ -48,22 +41,9 @@ def setup(proctor_home, repo, tmp_path):
     th = trusted_home(proctor_home)
     probe = tmp_path / "probe.jsonl"
     cfg = write_agent_config(tmp_path / "agents.toml", write_probe_agent(tmp_path / "fake-agent", probe))
-    procs: list[subprocess.Popen] = []
-
-    def listen(host: str, url: str) -> subprocess.Popen:
-        p = subprocess.Popen([*PROCTOR, "listen", "--host", host, "--ack-wait", str(ACK_WAIT), "--config", str(cfg),
-                              "--queue", url], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        procs.append(p)
-        return p
-
-    yield th, probe, repo, listen
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+    listeners = Listeners(cfg)
+    yield th, probe, repo, lambda host, url: listeners.start(host, url, ack_wait_s=ACK_WAIT)
+    listeners.stop(10)
 
 
 def enqueue(url, th, host, task, repo):
@@ -185,7 +165,7 @@ def test_partitioned_listener_kills_its_own_job_before_the_lease_expires(nats_ur
 
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([*PROCTOR, *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([*PROCTOR_CLI, *args], capture_output=True, text=True, timeout=timeout)
 
 
 def test_cli_enqueue_send_job_cancel(nats_url, setup, tmp_path):

@@ -11,19 +11,17 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
+from conftest import serve_in_thread
 
 from proctor.api.app import create_app
-from proctor.api.guard import server_config
 from proctor.ledger import Ledger
-from proctor.queue import keys, sender, server
+from proctor.queue import keys, sender
 from proctor.queue.backend import message_id
 from proctor.queue.envelope import envelope_digest, job_fields, seal
 from proctor.queue.jetstream import JetStreamBackend
@@ -37,13 +35,6 @@ from proctor.queue.store import JobStore
 from proctor.queue.testing import trusted_home
 
 PROCTOR = [sys.executable, "-c", "from proctor.cli import main; main()"]
-
-
-@pytest.fixture(scope="module")
-def nats_url(tmp_path_factory):
-    handle = server.start(tmp_path_factory.mktemp("nats") / "store")
-    yield handle.url
-    handle.stop()
 
 
 def noop(th, host: str, **over):
@@ -209,16 +200,8 @@ def api(nats_url, tmp_path):
     home.mkdir()
     th = trusted_home(home)
     app = create_app(lambda: JetStreamBackend.connect(nats_url), load_trust(home), SentStore(home))
-    port = server.free_port()
-    srv = uvicorn.Server(server_config(app, "127.0.0.1", port))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not srv.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}", th
-    srv.should_exit = True
-    thread.join(10)
+    with serve_in_thread(app) as base:
+        yield base, th
 
 
 def test_post_v1_jobs_answers_a_retried_envelope_with_duplicate(api):

@@ -12,19 +12,8 @@ import sys
 import tomllib
 from pathlib import Path
 
-import pytest
-
-from proctor.queue import server
-
 PROCTOR = [sys.executable, "-c", "from proctor.cli import main; main()"]
 HOST = "keyshost"
-
-
-@pytest.fixture(scope="module")
-def nats_url(tmp_path_factory):
-    handle = server.start(tmp_path_factory.mktemp("nats") / "store")
-    yield handle.url
-    handle.stop()
 
 
 def proctor(home: Path, *args: str, timeout: float = 60) -> tuple[int, str, str]:

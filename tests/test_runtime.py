@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import Clock
 
 from proctor.ledger import LEDGER_FILE, Ledger
 from proctor.policy.breaker import Breaker, BreakerState, Signal
@@ -54,17 +55,9 @@ def ledger(tmp_path):
         yield led
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def clock() -> Clock:
-    return Clock()
+    return Clock(0.0)
 
 
 @pytest.fixture

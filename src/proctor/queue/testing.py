@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -185,3 +186,32 @@ def nkey_user(folder: Path, name: str) -> tuple[Path, str]:
     path.write_bytes(seed)
     path.chmod(0o600)
     return path, nkeys.from_seed(bytearray(seed)).public_key.decode()
+
+
+PROCTOR_CLI = [sys.executable, "-c", "from proctor.cli import main; main()"]
+
+
+class Listeners:
+    """`proctor listen` child processes a test starts, all running run_agent jobs with `config`; `stop()`
+    ends every one still running (TERM, then KILL after `wait_s`)."""
+
+    def __init__(self, config: Path) -> None:
+        self.config = config
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, host: str, url: str, *, ack_wait_s: float, lanes: str | None = None,
+              env: dict[str, str] | None = None, stderr: int = subprocess.PIPE) -> subprocess.Popen[bytes]:
+        argv = [*PROCTOR_CLI, "listen", "--host", host, *(("--lanes", lanes) if lanes else ()),
+                "--ack-wait", str(ack_wait_s), "--config", str(self.config), "--queue", url]
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+        self.procs.append(proc)
+        return proc
+
+    def stop(self, wait_s: float = 15.0) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(wait_s)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
