@@ -111,21 +111,16 @@ async def _form(request: Request) -> dict[str, str] | None:
     return {k: v[0] for k, v in parsed.items()}
 
 
-def _job(ledger: Ledger, job_id: str) -> jobs_mod.Job | Outcome:
-    return jobs_mod.find(ledger, job_id) if job_id else jobs_mod.find(ledger, "\0")
-
-
 def routes(site: Site) -> APIRouter:
     r = APIRouter(prefix=PREFIX, include_in_schema=False)
 
     @r.get("/login")
     def login(request: Request, token: str = "") -> Response:
-        if not site.access.login_ok(token):
-            with site.open_ledger() as ledger:
-                jobs_mod.note(ledger, "review.web.login", {"ok": False})
-            return site.render("denied.html", 401, bad_token=True)
+        ok = site.access.login_ok(token)
         with site.open_ledger() as ledger:
-            jobs_mod.note(ledger, "review.web.login", {"ok": True})
+            jobs_mod.note(ledger, "review.web.login", {"ok": ok})
+        if not ok:
+            return site.render("denied.html", 401, bad_token=True)
         resp = RedirectResponse(PREFIX, status_code=303, headers=HEADERS)
         resp.set_cookie(COOKIE, site.access.session, httponly=True, samesite="strict", path=PREFIX,
                         secure=request.url.scheme == "https")
@@ -145,7 +140,7 @@ def routes(site: Site) -> APIRouter:
         if not _authorized(site, request):
             return _denied(site)
         with site.open_ledger() as ledger:
-            found = _job(ledger, job_id)
+            found = jobs_mod.find(ledger, job_id)
             if isinstance(found, Outcome):
                 return site.render("missing.html", 404, job_id=job_id, outcome=found.to_dict())
             jobs_mod.note(ledger, "review.show", {"ok": True, "jobId": found.job_id, "via": "web"}, found.job_id)
@@ -163,7 +158,7 @@ def routes(site: Site) -> APIRouter:
 
         def run() -> tuple[str, dict[str, Any]]:
             with site.open_ledger() as ledger:
-                found = _job(ledger, job_id)
+                found = jobs_mod.find(ledger, job_id)
                 if isinstance(found, Outcome):
                     return job_id, {"verb": name, **found.to_dict()}
                 return found.job_id, {"verb": name, **act(ledger, found, form).to_dict()}

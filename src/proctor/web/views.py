@@ -95,12 +95,12 @@ def job_page(ledger: Ledger, job: jobs_mod.Job) -> dict[str, Any]:
     text, cls = review_badge(job)
     blocked = landable(job)
     ended = job.status != "running"
+    rows = [{**r, "text": _payload_text(r["payload"])} for r in shown["ledger"]]
     return {
-        "job": job.to_dict(), "row": row(job), "badge": badge(job), "review": text, "reviewBadge": cls,
+        "job": job.to_dict(), "badge": badge(job), "review": text, "reviewBadge": cls,
         "result": result, "hasResult": shown["result"] is not None, "risks": risks(job),
         "validation": shown["validation"], "validationLog": shown["validation_log"],
-        "ledger": [{**r, "text": _payload_text(r["payload"])} for r in shown["ledger"]],
-        "gate": [{**r, "text": _payload_text(r["payload"])} for r in shown["gate"]],
+        "ledger": rows, "gate": [r for r in rows if r["kind"] in jobs_mod.GATE_KINDS],
         "diff": diff_view(job) if ended else DiffView(None, "", "the job is still running"),
         "progress": progress(job),
         "canLand": ended and job.state == "open" and job.commit is not None,
