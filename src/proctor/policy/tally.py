@@ -218,21 +218,14 @@ class KvTally:
         await _log_error(exc)  # noqa: SLF001 - one line per error, as the queue's own connections log them
 
     async def _retrying(self, op: Callable[[], Awaitable[T]]) -> T:
-        """Through a cluster's failover, as the queue's own KV operations are (jetstream.FAILOVER_S); a
-        permissions violation is final."""
-        from proctor.queue.jetstream import FAILOVER_S
+        """Through a cluster's failover, as the queue's own KV operations are; a permissions violation is
+        final."""
+        from proctor.queue.jetstream import through_failover
 
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + FAILOVER_S
-        while True:
-            try:
-                return await op()
-            except _transient():
-                if self._violation:
-                    raise TallyError(f"the server refused this user the tally: {self._violation}") from None
-                if loop.time() >= deadline:
-                    raise
-                await asyncio.sleep(0.25)
+        def final() -> TallyError | None:
+            return TallyError(f"the server refused this user the tally: {self._violation}") if self._violation else None
+
+        return await through_failover(op, final)
 
     def get(self, key: str) -> Versioned | None:
         import nats.js.errors

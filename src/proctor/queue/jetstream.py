@@ -25,9 +25,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import nats
 import nats.errors
@@ -39,6 +39,7 @@ from nats.js.kv import KeyValue
 
 from proctor.queue.backend import check_name
 
+T = TypeVar("T")
 STREAM = "PROCTOR_JOBS"
 SUBJECT_PREFIX = "proctor.jobs"
 BUCKETS = ("proctor_jobs", "proctor_results", "proctor_running", "proctor_cancel")
@@ -150,6 +151,25 @@ async def _log_error(exc: Exception) -> None:
     log.warning("nats: %s", exc)
 
 
+async def through_failover(op: Callable[[], Awaitable[T]],
+                           final: Callable[[], BaseException | None] = lambda: None) -> T:
+    """`op()` again while the cluster fails over (a timeout, no responders, JetStream unavailable), for up
+    to FAILOVER_S; anything else, or a failover that outlasts that, is raised. `final()` naming an error
+    ends the retries with it at once (a permissions violation is no failover)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + FAILOVER_S
+    while True:
+        try:
+            return await op()
+        except TRANSIENT:
+            stop = final()
+            if stop is not None:
+                raise stop from None
+            if loop.time() >= deadline:
+                raise
+            await asyncio.sleep(0.25)
+
+
 async def open_client(url: str, connect_timeout_s: float = 5.0, **options: Any) -> Client:
     """A NATS connection to any of `url`'s comma-separated servers. Reconnects are unlimited once connected;
     the first connect is bounded, so a wrong URL is a ConnectionError, not a hang (nats-py applies
@@ -229,17 +249,7 @@ class JetStreamBackend:
                 await asyncio.sleep(0.25)
 
     async def _retrying(self, op: Callable[[], Any]) -> Any:
-        """`op()` again while the cluster fails over (a timeout, no responders, JetStream unavailable), for
-        up to FAILOVER_S; anything else, or a failover that outlasts that, is raised."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + FAILOVER_S
-        while True:
-            try:
-                return await op()
-            except TRANSIENT:
-                if loop.time() >= deadline:
-                    raise
-                await asyncio.sleep(0.25)
+        return await through_failover(op)
 
     async def _setup_once(self, manage: bool, replicas: int) -> None:
         js = self.nc.jetstream()
