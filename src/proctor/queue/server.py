@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psutil
 
-from proctor.home import ensure_home
+from proctor.home import PrivateFileError, ensure_home, private_secret
 
 try:
     import fcntl
@@ -239,22 +239,6 @@ def _info(port: int) -> dict:
 TOKEN_FILE = "token"
 
 
-def _private_file(path: Path, make: str) -> str:
-    """The content of a 0600 file of this user's, written with `make` first if it does not exist."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except FileExistsError:
-        pass
-    else:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(make)
-    st = path.stat()
-    if st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise ServerError(f"{path} must be this user's and private (mode 600): it is {st.st_mode & 0o777:o}, "
-                          f"uid {st.st_uid}")
-    return path.read_text()
-
-
 def ensure_local(home: Path | None = None) -> str:
     """The URL of this home's bundled server, starting it if it is not running. Safe against a racing CLI.
 
@@ -269,7 +253,10 @@ def ensure_local(home: Path | None = None) -> str:
     with open(nats_dir / "server.lock", "w") as lock:
         if fcntl is not None:
             fcntl.flock(lock, fcntl.LOCK_EX)
-        token = _private_file(nats_dir / TOKEN_FILE, secrets.token_urlsafe(32)).strip()
+        try:
+            token = private_secret(nats_dir / TOKEN_FILE, secrets.token_urlsafe(32))
+        except PrivateFileError as exc:
+            raise ServerError(str(exc)) from None
         try:
             doc = json.loads(state.read_text())
             if _alive(int(doc["pid"])) and answers(int(doc["port"])):
@@ -282,7 +269,10 @@ def ensure_local(home: Path | None = None) -> str:
             pass
         conf = nats_dir / "server.conf"
         conf.unlink(missing_ok=True)
-        _private_file(conf, json.dumps({"authorization": {"token": token}}))
+        try:
+            private_secret(conf, json.dumps({"authorization": {"token": token}}))
+        except PrivateFileError as exc:
+            raise ServerError(str(exc)) from None
         handle = start(nats_dir / "store", config_file=conf)
         state.write_text(json.dumps({"url": handle.url, "pid": handle.pid, "port": handle.port, "auth": "token"}))
         return handle.url

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import secrets
 from pathlib import Path
 
-from proctor.home import ensure_home
+from proctor.home import PrivateFileError, ensure_home, private_secret
 
 TOKEN_FILE = "review-token"
 COOKIE = "proctor_review"
@@ -32,33 +31,13 @@ class TokenError(Exception):
     """The token file exists but cannot be used (unreadable, another owner, open to others)."""
 
 
-def _check_private(path: Path, st: os.stat_result) -> None:
-    if st.st_uid != os.getuid():
-        raise TokenError(f"{path} belongs to uid {st.st_uid}, not to this user: remove it and start again")
-    if st.st_mode & 0o077:
-        raise TokenError(f"{path} is readable by others (mode {st.st_mode & 0o777:o}): remove it and start again; "
-                         "a new token is made")
-
-
 def load_token(home: Path | None = None) -> str:
     """This install's token, made on first use (32 random bytes, URL-safe)."""
     path = (home or ensure_home()) / TOKEN_FILE
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        raise TokenError(f"cannot create {path}: {exc}") from None
-    else:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(secrets.token_urlsafe(32) + "\n")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError as exc:
-        raise TokenError(f"cannot read {path}: {exc}") from None
-    with os.fdopen(fd) as fh:
-        _check_private(path, os.fstat(fh.fileno()))
-        token = fh.read(200).strip()
+        token = private_secret(path, secrets.token_urlsafe(32) + "\n", most=200)
+    except PrivateFileError as exc:
+        raise TokenError(str(exc)) from None
     if len(token) < 32:
         raise TokenError(f"{path} holds no usable token (empty or cut short): remove it and start again")
     return token
