@@ -182,3 +182,12 @@ def test_poll_reason_ends_the_run_and_control_runs_to_the_end(tmp_path):
 def test_missing_executable_is_a_spawn_error_not_an_exception(tmp_path):
     ex = LocalRunner().run(_spawn(tmp_path, ["/nonexistent/agent-cli"], deadline_s=5))
     assert ex.exit_code is None and "FileNotFoundError" in (ex.spawn_error or "")
+
+
+def test_a_child_that_is_exiting_as_the_agent_exits_is_not_a_leftover(tmp_path):
+    # What a pid namespace's member mid-exit looks like to the runner: gone a moment after the agent.
+    ending = LocalRunner(limits=Limits()).run(_spawn(tmp_path, ["sh", "-c", "sleep 0.1 & exit 0"], deadline_s=10))
+    assert ending.exit_code == 0 and ending.leftovers_killed == 0
+    # The control: one that stays is a leftover, and is killed.
+    staying = LocalRunner(limits=Limits()).run(_spawn(tmp_path, ["sh", "-c", "sleep 30 & exit 0"], deadline_s=10))
+    assert staying.exit_code == 0 and staying.leftovers_killed == 1
