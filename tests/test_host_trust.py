@@ -309,10 +309,14 @@ def test_changed_test_definitions_are_a_risk_and_the_base_tests_still_run(tmp_pa
     res = job(repo, tmp_path, script, validateCommand="make test")
     assert name in res.changed_files
     assert any("define the tests" in r and name in r for r in res.known_risks), res.known_risks
-    # The base's test files against the agent's code: the unfixed bug fails there.
-    assert any("(with the base's test files)" in t and "exit 0" not in t for t in res.tests_attempted), \
-        res.tests_attempted
-    assert any("validation failed (with the base's test files)" in r for r in res.known_risks), res.known_risks
+    # The base's test files against the agent's code: the unfixed bug fails there; or the runner's own
+    # evidence already failed the first run (`--collect-only` ran no test it collected).
+    if res.code is Code.VALIDATION_FAILED:
+        assert any("the evidence says failed" in t for t in res.tests_attempted), res.tests_attempted
+    else:
+        assert any("(with the base's test files)" in t and "exit 0" not in t for t in res.tests_attempted), \
+            res.tests_attempted
+        assert any("validation failed (with the base's test files)" in r for r in res.known_risks), res.known_risks
     assert res.needs_human_review
 
 

@@ -133,11 +133,36 @@ class Config(BaseModel):
     # Per-repo environment keys (`[repos."/abs/path"]`: setup, copy, share, validate, registries), the
     # operator's over the base's committed `.proctor.toml` (proctor.job.environment).
     repos: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # Held-out tests per repo (`[holdout]`, "/abs/repo" = ["/abs/dir", ...]): laid into validation only,
+    # never readable by the agent (proctor.evidence.holdout). Config only: never a repo's own file.
+    holdout: dict[str, list[str]] = Field(default_factory=dict)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     queue: QueueSettings = Field(default_factory=QueueSettings)
     source: str | None = None
+    # Host variables every agent gets beside the basics and its adapter's credentials (an adapter's own
+    # `env_pass` adds to these); nothing else of the host's environment reaches a job (sandbox_home).
+    env_pass: tuple[str, ...] = ()
+    # Paths in the user's home ("~/x") the agent may read; the rest of the home is hidden from it, but its
+    # toolchains (~/.cargo, ~/.rustup, ...) and the agent's own install.
+    read_home: tuple[str, ...] = ()
     # Per built-in adapter the user's config overlays: the keys it set (`env` keys as "env.NAME").
     overlays: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+
+    @field_validator("env_pass")
+    @classmethod
+    def _check_env_pass(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [n for n in v if not n.replace("_", "a").isalnum() or n[0].isdigit()]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not an environment variable name")
+        return v
+
+    @field_validator("read_home")
+    @classmethod
+    def _check_read_home(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in v:
+            if entry in ("", "~", "~/", ".") or ".." in entry.split("/") or entry.startswith("/"):
+                raise ValueError(f"read_home entry {entry!r} must name a path inside the home (\"~/x\")")
+        return v
 
     @field_validator("repos")
     @classmethod
@@ -149,6 +174,20 @@ class Config(BaseModel):
                 raise ValueError(f"[repos.{path!r}] must name an absolute path")
             parse_settings(table, f'[repos."{path}"]')
         return v
+
+    @field_validator("holdout")
+    @classmethod
+    def _check_holdout(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        for repo, dirs in v.items():
+            if not Path(repo).is_absolute():
+                raise ValueError(f"[holdout] {repo!r} must name an absolute repo path")
+            for d in dirs:
+                if not Path(d).is_absolute():
+                    raise ValueError(f"[holdout] {repo!r}: {d!r} must be an absolute directory")
+        return v
+
+    def holdout_for(self, repo: Path) -> list[str]:
+        return [d for key, dirs in self.holdout.items() if Path(key).resolve() == repo.resolve() for d in dirs]
 
     def adapter(self, name: str) -> AdapterSpec | None:
         return self.agents.get(name)

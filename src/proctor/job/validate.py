@@ -7,13 +7,16 @@ that this module observed go into `tests_attempted`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from proctor.evidence import instrument as evidence
+from proctor.evidence.verdict import judge
 from proctor.job.process import Poll, ProcessRunner, Spawn, Watch
 
 VALIDATE_TIMEOUT_S = 900
@@ -21,10 +24,14 @@ OUTPUT_TAIL_BYTES = 64 * 1024
 NPM_PLACEHOLDER = 'echo "Error: no test specified" && exit 1'
 
 
+SETUP_LABEL = "setup: "  # a repo's `setup` step in a validation plan (proctor.job.environment)
+
+
 @dataclass(frozen=True)
 class Step:
     label: str  # what tests_attempted shows
     argv: tuple[str, ...]
+    source: tuple[str, ...] = ()  # the argv before confinement wrapped it, when it was
 
 
 @dataclass(frozen=True)
@@ -41,21 +48,37 @@ class Attempt:
     duration_s: float = 0.0
     output: str = ""  # the last OUTPUT_TAIL_BYTES of stdout, then of stderr: a failure readable from the result
     dropped: int = 0  # bytes of its output not in the log (past the runner's per-stream tail)
+    counts: dict[str, object] | None = None  # what the runner reported, test by test (proctor.evidence)
+    failure: str | None = None  # why it failed though it exited 0: the evidence contradicts the exit code
+    risks: tuple[str, ...] = ()  # what the evidence leaves unproven (the exit code alone, no test ran)
 
     def record(self) -> dict[str, object]:
         return {"label": self.label, "exit_code": self.exit_code, "timed_out": self.timed_out,
-                "duration_s": round(self.duration_s, 3), "output_tail": self.output, "output_dropped": self.dropped}
+                "duration_s": round(self.duration_s, 3), "output_tail": self.output, "output_dropped": self.dropped,
+                "tests": self.counts, "evidence_failure": self.failure}
 
     @property
     def passed(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out
+        return self.exit_code == 0 and not self.timed_out and self.failure is None
 
     def line(self, timeout_s: float) -> str:
         if self.timed_out:
             return f"{self.label} => timed out after {timeout_s:.0f}s"
         if self.exit_code is None:
             return f"{self.label} => did not start"
+        if self.failure is not None:
+            return f"{self.label} => exit {self.exit_code}, but the evidence says failed"
         return f"{self.label} => exit {self.exit_code}"
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """How a run's test steps are checked beyond their exit code (proctor.evidence): the instrument laid
+    out for this run, the checkout it runs in, and which paths are code the agent changed."""
+
+    instrument: evidence.Instrument
+    root: Path
+    agent_code: Callable[[str], bool]
 
 
 def _python() -> str:
@@ -91,7 +114,7 @@ def detect(root: Path) -> Plan:
     if (root / "Cargo.toml").is_file():
         found["rust"] = (Step("cargo test", ("cargo", "test")),)
     if (root / "go.mod").is_file():
-        found["go"] = (Step("go test ./...", ("go", "test", "./...")),)
+        found["go"] = (Step("go test ./...", ("go", "test", "-json", "./...")),)
     slns = sorted(p.name for p in root.glob("*.sln"))
     projs = sorted(p.name for p in root.glob("*.csproj"))
     dotnet_target = slns[0] if len(slns) == 1 else (projs[0] if not slns and len(projs) == 1 else None)
@@ -135,9 +158,11 @@ def run(
     poll: Poll | None = None,
     log: Path | None = None,
     watch: Watch | None = None,
+    checks: Evidence | None = None,
 ) -> Run:
     """Run each step in order under one shared deadline; stop at the first failure. Each step's output is
-    appended to `log` (what the runner kept of it: its per-stream tail) and its tail kept in the attempt."""
+    appended to `log` (what the runner kept of it: its per-stream tail) and its tail kept in the attempt.
+    With `checks`, every step but the repo's setup is judged on its runner's evidence too."""
     attempts: list[Attempt] = []
     budget = timeout_s
     for i, step in enumerate(plan.steps):
@@ -147,8 +172,11 @@ def run(
         ex = runner.run(Spawn(argv=step.argv, cwd=cwd, env=env, deadline_s=budget, name=f"{name}-{i}", poll=poll,
                               watch=watch))
         budget -= ex.duration_s
-        attempts.append(Attempt(step.label, ex.exit_code, ex.timed_out, ex.duration_s, _tail(ex.stdout, ex.stderr),
-                                ex.stdout_dropped + ex.stderr_dropped))
+        attempt = Attempt(step.label, ex.exit_code, ex.timed_out, ex.duration_s, _tail(ex.stdout, ex.stderr),
+                          ex.stdout_dropped + ex.stderr_dropped)
+        if checks is not None and not step.label.startswith(SETUP_LABEL) and not ex.killed_reason:
+            attempt = _with_evidence(attempt, step, checks, ex.stdout, ex.stderr)
+        attempts.append(attempt)
         if log is not None:
             _append_log(log, name, attempts[-1], ex.stdout, ex.stderr)
         if ex.killed_reason:
@@ -156,6 +184,17 @@ def run(
         if not attempts[-1].passed:
             break
     return Run(attempts)
+
+
+def _with_evidence(attempt: Attempt, step: Step, checks: Evidence, stdout: bytes, stderr: bytes) -> Attempt:
+    """The step judged on what its runner reported. The step's own argv is the wrapped one (bwrap, the
+    Landlock helper), so the runner is told from the plan's argv tail: the unwrapped command ends it."""
+    argv = step.source or step.argv
+    found = evidence.collect(checks.instrument, argv, stdout, stderr)
+    verdict = judge(step.label, attempt.exit_code, found, evidence.expects(argv), root=checks.root,
+                    agent_code=checks.agent_code)
+    return dataclasses.replace(attempt, counts=found.counts() if found else None, failure=verdict.failure,
+                               risks=verdict.risks)
 
 
 def _tail(stdout: bytes, stderr: bytes) -> str:

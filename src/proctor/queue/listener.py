@@ -204,6 +204,11 @@ def _check(
         return Refused(
             Refusal.OVER_PRIVILEGED, f"signer {signer.name} may not set validateCommand (shell on this host)", True, f
         )
+    if parsed.holdout and not signer.may_set_validate_command:
+        return Refused(
+            Refusal.OVER_PRIVILEGED, f"signer {signer.name} may not name held-out test dirs (paths on this host): "
+            "that needs may_set_validate_command", True, f
+        )
     if (parsed.confine is not None and CONFINE_ORDER[parsed.confine] < CONFINE_ORDER.get(confine, 1)
             and not signer.may_set_validate_command):
         return Refused(
