@@ -65,7 +65,9 @@ def test_builtin_adapter_argv_cwd_stdin_and_output(repo, fake, name):
     assert res.summary == summary and res.claimed_status == claim
     assert res.agent_version == f"{name} 9.9.9"
     assert (Path(wt) / "touched.txt").read_text() == name
-    assert res.known_risks == ["confinement is off by request: the agent and its validation ran unconfined"]
+    assert res.known_risks == ["confinement is off by request: the agent and its validation ran unconfined",
+                     "the verdict on `true` rests on its exit code alone: no per-test evidence "
+                     "(README: What the verdict rests on)"]
 
 
 def test_claude_is_error_beats_subtype_success(repo, fake):

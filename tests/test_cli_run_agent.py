@@ -37,8 +37,10 @@ def test_completed_job_prints_the_v1_result_and_exits_0(repo, fake):
                 "agent", "durationSeconds", "worktreePath", "jobId", "branch", "agent_changed_files"):
         assert key in out
     assert out["tests_attempted"] == ["true => exit 0"]
-    # The tests run unconfined (conftest): that alone is the risk a reviewer is told of.
-    assert out["known_risks"] == ["confinement is off by request: the agent and its validation ran unconfined"]
+    # The tests run unconfined (conftest), and `true` leaves no per-test evidence: the two risks.
+    assert out["known_risks"] == ["confinement is off by request: the agent and its validation ran unconfined",
+                     "the verdict on `true` rests on its exit code alone: no per-test evidence "
+                     "(README: What the verdict rests on)"]
     assert "Traceback" not in err
 
 

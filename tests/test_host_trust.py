@@ -309,10 +309,12 @@ def test_changed_test_definitions_are_a_risk_and_the_base_tests_still_run(tmp_pa
     res = job(repo, tmp_path, script, validateCommand="make test")
     assert name in res.changed_files
     assert any("define the tests" in r and name in r for r in res.known_risks), res.known_risks
-    # The base's test files against the agent's code: the unfixed bug fails there; or the runner's own
-    # evidence already failed the first run (`--collect-only` ran no test it collected).
+    # The base's test files against the agent's code: the unfixed bug fails there; or the first run
+    # already failed: the runner's own evidence (`--collect-only` ran no test it collected), or the base's
+    # recipe (a GNUmakefile is the recipe: the first run already used the base's, without it).
     if res.code is Code.VALIDATION_FAILED:
-        assert any("the evidence says failed" in t for t in res.tests_attempted), res.tests_attempted
+        assert any("the evidence says failed" in t or "exit 0" not in t for t in res.tests_attempted), \
+            res.tests_attempted
     else:
         assert any("(with the base's test files)" in t and "exit 0" not in t for t in res.tests_attempted), \
             res.tests_attempted
@@ -374,14 +376,17 @@ def test_version_probe_runs_confined_what_a_job_rewrote_in_its_state_dir(tmp_pat
     exe.write_text(f"#!/bin/sh\n[ \"$1\" = --version ] && {{ echo 1.0.0; exit 0; }}\n"
                    f"printf %s {shlex.quote(evil)} > {exe}\necho e > README.md\n")
     exe.chmod(0o755)
+    original = exe.read_text()
     monkeypatch.setenv("PATH", f"{exe.parent}{os.pathsep}{os.environ['PATH']}")
     cfg = tmp_path / "fakecli.toml"
     cfg.write_text('confine = "required"\n[agents.fakecli]\ncommand = ["fakecli"]\nprompt = "stdin"\n'
                    'network = false\nstate_dirs = ["~/.fakecli"]\nversion_args = ["--version"]\n')
     req = RunAgentRequest(agent="fakecli", task="t", repo=str(repo), ticket="T", validateCommand="true")
     first = run_agent(req, config=load_config(cfg))
-    assert first.agent_version == "1.0.0" and "pwned" in exe.read_text(), first
-    assert any("inside its writable state dirs" in r for r in first.known_risks)
+    # A job's state dir is its own copy (proctor.job.sandbox_home): the CLI in the user's is read-only to it.
+    assert first.agent_version == "1.0.0" and exe.read_text() == original, first
+    # Rewritten all the same (by something else than a job): the next probe runs it, confined.
+    exe.write_text(evil)
     second = run_agent(req, config=load_config(cfg))
     assert not marker.exists(), "the host ran the rewritten CLI unconfined"
     assert second.agent_version == "6.6.6", "the probe ran (confined) and was not served from a stale cache"

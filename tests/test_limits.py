@@ -174,7 +174,7 @@ import os, sys, time
 if sys.argv[1:] == ["--version"]:
     if os.environ.get("STOP_IN_PROBE"):
         from pathlib import Path
-        Path(os.environ["PROCTOR_HOME"], "STOP").write_text("stopped during the probe\\n")
+        Path(os.environ["STOP_IN_PROBE"]).write_text("stopped during the probe\\n")
     print("lim 1.0"); sys.exit(0)
 open(os.path.join(os.environ["CALLS"], str(time.monotonic_ns())), "w").close()
 what = os.environ.get("DO", "")
@@ -199,7 +199,9 @@ def agent_setup(tmp_path, fake_bin, do: str, limits: str = 'memory = "64MiB"\npi
     exe = fake_bin / "lim-agent"
     exe.write_text(AGENT.replace("{py}", PY))
     exe.chmod(0o755)
-    env = f'DO = "{do}", CALLS = "{calls}"' + (', STOP_IN_PROBE = "1"' if stop_in_probe else "")
+    # The stop file's path given by the adapter: the agent's environment has no PROCTOR_HOME (sandbox_home).
+    stop = Path(os.environ["PROCTOR_HOME"], "STOP")
+    env = f'DO = "{do}", CALLS = "{calls}"' + (f', STOP_IN_PROBE = "{stop}"' if stop_in_probe else "")
     cfg = tmp_path / "config.toml"
     cfg.write_text(UNCONFINED + f'[limits]\n{limits}\n[agents.lim]\ncommand = ["lim-agent", "{{prompt}}"]\n'
                    f'version_args = ["--version"]\nenv = {{ {env} }}\n')

@@ -62,12 +62,16 @@ def fetch(port: int) -> str:
 
 def test_setup_fetches_from_its_registry_before_the_agent(tmp_path, registry):
     res = job(tmp_path, f'setup = [{json.dumps(fetch(registry))}]\nregistries = ["127.0.0.1:{registry}"]\n')
-    assert res.status is Status.completed, res
     assert (Path(res.worktree_path) / "seen.txt").read_text() == "package-1.0\n"  # the agent saw it
     assert res.changed_files == ["seen.txt"]  # setup's ignored output is not the job's change
     assert res.validation[0]["label"].startswith("setup before the agent:") and res.validation[0]["exit_code"] == 0
     rows = [r.payload for r in Ledger.default().rows() if r.kind == "egress.decision" and r.job_id == res.job_id]
     assert rows and all(r.get("allowed") for r in rows), rows
+    # Before validation the same setup runs in a tree that holds the agent's code: no network there, so
+    # a setup that needs the registry fails validation (README: code the agent wrote never gets one).
+    again = [v for v in res.validation if v["label"].startswith("setup: ")]
+    assert again and again[0]["exit_code"] != 0, res.validation
+    assert res.status is Status.failed and len(rows) == 1, (res.status, rows)
 
 
 def test_control_a_host_outside_the_registries_is_refused_and_the_agent_runs_without_it(tmp_path, registry):

@@ -1,6 +1,7 @@
 """An adapter's state may be a file as well as a directory (a user of Claude Code has `~/.claude.json`): a
 confined job gets that file writable in place and nothing else beside it; the built-in claude keeps its
-config inside `~/.claude` (CLAUDE_CONFIG_DIR), so a save by rename works under confinement. Real bwrap /
+config inside `~/.claude` (CLAUDE_CONFIG_DIR), so a save by rename works under confinement. Every job writes
+its own copy of the state (proctor.job.sandbox_home): only `state_keep` files come back. Real bwrap /
 Landlock; under CI=true a machine without either fails instead of skipping."""
 
 from __future__ import annotations
@@ -29,16 +30,20 @@ def job(repo: Path, tmp_path: Path, adapter: str) -> object:
     return run_agent(req, config=load_config(cfg))
 
 
-def test_a_state_file_is_writable_in_place_and_its_neighbours_are_not(repo, tmp_path):
+@pytest.mark.parametrize("keep", [True, False])
+def test_a_state_file_is_the_jobs_copy_kept_only_when_declared_and_its_neighbours_are_not(repo, tmp_path, keep):
+    """The job writes its copy of the state file (its HOME is its own); the user's file gets the change
+    only when the adapter names it in `state_keep` (control: without, it stays as it was)."""
     home = Path(os.environ["HOME"])
     (home / ".st.json").write_text('{"n": 1}')
     (home / "neighbour").write_text("keep")
     script = ('echo \'{"n": 2}\' > "$HOME/.st.json"; echo changed > "$HOME/neighbour" 2>/dev/null; '
               'echo new > "$HOME/.st.json.tmp" 2>/dev/null; echo x > a.txt')
     res = job(repo, tmp_path, '[agents.st]\ncommand = ["sh", "-c", ' + json.dumps(script) + ']\nprompt = "stdin"\n'
-              'network = false\nstate_dirs = ["~/.st.json"]\n')
+              'network = false\nstate_dirs = ["~/.st.json"]\n' + ('state_keep = ["~/.st.json"]\n' if keep else ""))
     assert res.status is Status.completed, res
-    assert json.loads((home / ".st.json").read_text()) == {"n": 2}  # the state file: written
+    assert json.loads((home / ".st.json").read_text()) == ({"n": 2} if keep else {"n": 1})
+    assert res.confinement_details["state"]["kept"] == (["~/.st.json"] if keep else [])
     assert (home / "neighbour").read_text() == "keep"  # beside it: not
     assert not (home / ".st.json.tmp").exists()
 
@@ -69,5 +74,6 @@ def test_builtin_claude_saves_its_config_by_rename_inside_its_state_dir(repo, tm
     req = RunAgentRequest(agent="claude", task="t", repo=str(repo), ticket="T", validateCommand="true")
     res = run_agent(req, config=load_config(cfg))
     assert res.status is Status.completed and res.summary == "done", res
-    assert json.loads((home / ".claude" / ".claude.json").read_text()) == {"saved": True}
+    # The save landed in the job's copy of ~/.claude, which is not kept: the user's state never gets it.
+    assert not (home / ".claude" / ".claude.json").exists()
     assert json.loads((home / ".claude.json").read_text()) == {"user": "theirs"}  # the user's own, untouched

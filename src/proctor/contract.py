@@ -58,6 +58,9 @@ class Code(StrEnum):
     BUDGET_DENIED = "BUDGET_DENIED"  # a spend budget of the trusted policy has no room: nothing was launched
     BUDGET_UNAVAILABLE = "BUDGET_UNAVAILABLE"  # the spend tally could not be reached: nothing was launched
     LEDGER_TAMPERED = "LEDGER_TAMPERED"  # the ledger's chain is broken: nothing was launched or recorded
+    UNSAFE_DIRECTORY = "UNSAFE_DIRECTORY"  # a directory proctor would use is another's or group/world-writable
+    CHECKOUT_WOULD_LOSE = "CHECKOUT_WOULD_LOSE"  # landing would overwrite a file the person has: refused
+    NOTHING_TO_LAND = "NOTHING_TO_LAND"  # the target already holds the job's change
 
 
 def check_ref(ref: str) -> str:
@@ -90,6 +93,10 @@ class RunAgentRequest(BaseModel):
     # agent's CLI is decided against; its workspace is the job's worktree whatever it names. None: a default
     # declaration from the job (the CLI's tools, files and shell in the worktree, network per the adapter).
     task_decl: dict[str, Any] | None = Field(default=None, alias="taskDecl")
+    # Additive: directories of held-out tests on the executing host, laid into validation only and never
+    # readable by the agent (README "What the verdict rests on"); from a queue sender only with
+    # may_set_validate_command (it names host paths), like validateCommand.
+    holdout: list[str] | None = None
 
     @field_validator("task")
     @classmethod
@@ -186,6 +193,9 @@ class RunAgentResult(BaseModel):
     # output_dropped; the whole output is in `validation_log` (a file under $PROCTOR_HOME).
     validation: list[dict[str, Any]] = Field(default_factory=list)
     validation_log: str | None = None
+    # Held-out tests laid into validation (README "What the verdict rests on"): how many dirs and files,
+    # and how many of the tree's files they replaced; never their names or content. None: none were held out.
+    holdout: dict[str, int] | None = None
     # The job's commit (the tree `changed_files` lists, on `branch` in the job's own repo at worktreePath).
     commit: str | None = None
     # What the agent's CLI reported it used, read from a field of its own protocol: tokens_in (cached input

@@ -26,6 +26,7 @@ _PLACEHOLDER_RE = re.compile(r"\{[a-z_]+\}")
 # A model endpoint's keys (AdapterSpec.base_url, .api_key_env, .model) as placeholders of endpoint_args/_env.
 ENDPOINT_KEYS = ("base_url", "api_key_env", "model")
 _ENDPOINT_RE = re.compile(r"\{(base_url|api_key_env|model)\}")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def max_arg_strlen() -> int:
@@ -55,7 +56,21 @@ class AdapterSpec(BaseModel):
     approval_patterns: tuple[str, ...] = ()
     output: str = "text"
     version_args: tuple[str, ...] | None = None
-    state_dirs: tuple[str, ...] = ()  # the CLI's own state, writable under confinement
+    state_dirs: tuple[str, ...] = ()  # the CLI's own state: each job gets a copy of it (proctor.job.sandbox_home)
+    # The variables that carry the CLI's login (keys, tokens): passed from the host's environment to the
+    # agent's process only, never to its version probe, setup or validation (the code under test never
+    # needs the model's key). `pool_env` and `api_key_env` are passed the same way.
+    credentials: tuple[str, ...] = ()
+    # More host variables this agent gets (config's top-level `env_pass` adds to every agent's).
+    env_pass: tuple[str, ...] = ()
+    # "~/..." paths inside `state_dirs`. `state_keep`: the files the CLI must keep across runs (a refreshed
+    # login token), written back to the user's state when a job changed them, those names only.
+    # `state_watch`: its config, hooks, MCP servers, extensions: a job's change to one is a risk naming it
+    # ("file#key" compares one top-level key of a JSON file the CLI rewrites on every run).
+    # `state_skip`: not copied into a job (session records, logs, caches: large, and the user's history).
+    state_keep: tuple[str, ...] = ()
+    state_watch: tuple[str, ...] = ()
+    state_skip: tuple[str, ...] = ()
     # retry = false: a nonzero exit is final (proctor.job.attempts): a `git apply` that failed fails again.
     retry: bool = True
     # Exit codes that mean the CLI cannot run as configured (gemini: 41 auth, 52 config): AGENT_MISCONFIGURED,
@@ -131,6 +146,26 @@ class AdapterSpec(BaseModel):
                 if {m for t in g for m in _ENDPOINT_RE.findall(t)} <= values.keys() for t in g]
         at = next((i for i, t in enumerate(self.command) if i and t.startswith("-")), len(self.command))
         return (*self.command[:at], *args, *self.command[at:])
+
+    @field_validator("credentials", "env_pass")
+    @classmethod
+    def _names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for name in v:
+            if not _ENV_NAME_RE.match(name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+        return v
+
+    @model_validator(mode="after")
+    def _state_paths(self) -> AdapterSpec:
+        dirs = [d.rstrip("/") for d in self.state_dirs]
+        for field_name in ("state_keep", "state_watch", "state_skip"):
+            for entry in getattr(self, field_name):
+                path = entry.split("#", 1)[0]
+                if not path.startswith("~/") or ".." in path.split("/") or not any(
+                        path == d or path.startswith(d + "/") for d in dirs):
+                    raise ValueError(f"{field_name} entry {entry!r} is not a \"~/...\" path inside one of the "
+                                     "adapter's state_dirs")
+        return self
 
     @field_validator("gate")
     @classmethod

@@ -36,8 +36,13 @@ def _inside(path: Path, root: Path) -> bool:
 
 
 def _gaps(req: ConfineRequest, bwrap: bool, landlock_abi: int, netns: bool, relay: bool) -> list[str]:
-    gaps = ["reads are allowed everywhere but the hidden paths: secrets elsewhere (~/.ssh, cloud credentials) "
-            "stay readable unless the adapter declares them hidden",
+    # The host hides $PROCTOR_HOME and the user's home around what the job needs from it (proctor.job.
+    # sandbox_home: toolchains, the agent's install, `read_home`); what is outside stays readable.
+    shown = ", ".join(str(h) for h in req.hidden[:4]) + (f" and {len(req.hidden) - 4} more" if len(req.hidden) > 4
+                                                          else "")
+    gaps = [f"reads are allowed everywhere but the hidden paths ({shown or 'none'}): a secret elsewhere (/etc, "
+            "another user's world-readable files, credentials kept outside the home or reached through a symlink "
+            "left in it) stays readable",
             "hard links planted by the host in the worktree are writable in every mode: the host must "
             "refuse to start on one (refuse_hard_links)",
             ]

@@ -31,19 +31,46 @@ def _words(command: str) -> list[str]:
         return command.split()
 
 
+INTERPRETERS = frozenset({"sh", "bash", "dash", "zsh", "python", "python3", "node", "deno", "bun", "ruby", "perl",
+                          "pwsh", "tox", "nox", "uv", "poetry", "pdm", "hatch"})
+FILE_FLAGS = frozenset({"-f", "--file", "--makefile", "-c", "--config", "--rcfile", "--noxfile"})
+SEPARATORS = frozenset({"&&", "||", ";", "|"})
+
+
+def _relative(word: str) -> str | None:
+    if not word or word.startswith(("-", "/", "$", "~")) or "://" in word:
+        return None
+    p = PurePosixPath(word)
+    return None if ".." in p.parts else p.as_posix()
+
+
 def named_paths(commands: Iterable[str]) -> set[str]:
-    """Every word of the commands that reads as a relative path (`./run.sh`, `scripts/test.sh`,
-    `make -f ci.mk`'s `ci.mk`, `--rcfile=x.cfg`'s value)."""
+    """The files the commands execute: a command word that is a relative path (`./run.sh`,
+    `scripts/test.sh`), the script an interpreter is given (`sh ci/test.sh`, `python tools/run.py`), and a
+    file a runner is pointed at (`make -f ci.mk`, `tox -c tox-ci.ini`). Arguments that are data
+    (`test -f out.txt`) are not the recipe."""
     out = set()
     for command in commands:
-        for word in _words(command):
-            value = word.split("=", 1)[1] if word.startswith("-") and "=" in word else word
-            if not value or value.startswith(("-", "/", "$", "~")) or "://" in value:
+        words, start, head = _words(command), True, ""
+        for i, raw in enumerate(words):
+            word = raw.rstrip(";")
+            if word in SEPARATORS or not word:
+                start = True
                 continue
-            p = PurePosixPath(value)
-            if ".." in p.parts:
-                continue
-            out.add(p.as_posix())
+            if start:
+                head = word
+            prev = words[i - 1] if i else ""
+            name = PurePosixPath(prev).name
+            if (start and "/" in word) or (name in INTERPRETERS and not word.startswith("-") and not start) or (
+                    prev in FILE_FLAGS and head not in ("test", "[")):
+                rel = _relative(word)
+                if rel:
+                    out.add(rel)
+            elif "=" in word and word.split("=", 1)[0] in FILE_FLAGS:
+                rel = _relative(word.split("=", 1)[1])
+                if rel:
+                    out.add(rel)
+            start = raw.endswith(";")
     return out
 
 

@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from proctor.confine import beneath
 from proctor.job import validate
 from proctor.job.git import git
 
@@ -148,7 +149,7 @@ def _strs(raw: object, key: str, origin: str) -> tuple[str, ...]:
 
 
 KEYS = ("setup", "copy", "share", "validate", "registries")
-SETUP_LABEL = "setup: "  # how a validation plan's setup steps are told from its tests (they get the registries)
+SETUP_LABEL = validate.SETUP_LABEL  # how a validation plan's setup steps are told from its tests
 
 
 def parse_settings(table: Mapping, origin: str) -> RepoSettings:
@@ -293,6 +294,45 @@ def _inside(path: Path, root: Path) -> bool:
     return path == root or path.is_relative_to(root)
 
 
+# `copy` and `share` name paths in two trees others shape: the main checkout holds what the base branch
+# committed (a committed `ph -> $PROCTOR_HOME` made `copy = ["ph/keys/host.key"]` copy the listener's key),
+# the job's tree what the agent left (a tracked dir turned symlink had the host write a secret through it).
+# Both are reached beneath their root with no symlink followed at any component (proctor.confine.beneath).
+
+def _entry_beneath(root: Path, rel: str, want: int | None = None) -> str | None:
+    """None when `rel` is absent beneath `root` (want=None) or is a `want` entry; "" when it is there (or
+    not a `want`); else why it cannot be reached safely."""
+    try:
+        fd = beneath.open_root(root)
+    except OSError as exc:
+        return f"{root} cannot be opened: {exc.strerror}"
+    try:
+        st = beneath.lstat(fd, rel)
+    except FileNotFoundError:
+        return None if want is None else ""
+    except OSError as exc:
+        return f"{rel!r} cannot be reached: {beneath.why(exc)}"
+    finally:
+        os.close(fd)
+    if want is None:
+        return ""
+    return None if stat.S_IFMT(st.st_mode) == want else ""
+
+
+def _dir_beneath(root: Path, rel: str) -> bool:
+    try:
+        fd = beneath.open_root(root)
+    except OSError:
+        return False
+    try:
+        os.close(beneath.open_beneath(fd, rel, beneath.DIR_FLAGS))
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 # -- prepare ---------------------------------------------------------------------------------------------
 
 def prepare(checkout: Path, main_checkout: Path, plan: validate.Plan, base_config: RepoSettings | None = None,
@@ -362,12 +402,15 @@ def prepare(checkout: Path, main_checkout: Path, plan: validate.Plan, base_confi
     shares: list[Share] = []
     for rel in wanted:
         src, dst = main / rel, checkout / rel
-        if not src.is_dir() or src.is_symlink() or not _inside(src.resolve(), main):
+        if not _dir_beneath(main, rel):
             if cfg.share is not None:
-                risks.append(f"share {rel!r} is not a directory inside the main checkout: not shared")
+                risks.append(f"share {rel!r} is not a directory inside the main checkout (reached with no "
+                             "symlink on the way): not shared")
             continue
-        if os.path.lexists(dst):
-            risks.append(f"share {rel!r} not used: the job's tree has its own {rel}")
+        there = _entry_beneath(checkout, rel)
+        if there is not None:
+            risks.append(f"share {rel!r} not used: " + (f"the job's tree has its own {rel}" if there == ""
+                                                          else f"in the job's tree {there}"))
             continue
         names = LOCKFILES.get(Path(rel).name, ())
         if names:
@@ -380,14 +423,17 @@ def prepare(checkout: Path, main_checkout: Path, plan: validate.Plan, base_confi
         shares.append(Share(src, dst, tuple(n for n in names if (checkout / n).exists())))
     copies: list[tuple[Path, Path]] = []
     for rel in cfg.copy:
-        src, dst = main / rel, checkout / rel
-        if os.path.lexists(dst):
-            risks.append(f"copy {rel!r} skipped: the job's tree has that path")
+        there = _entry_beneath(checkout, rel)
+        if there is not None:
+            risks.append(f"copy {rel!r} skipped: " + ("the job's tree has that path" if there == ""
+                                                       else f"in the job's tree {there}; not copied"))
             continue
-        if not src.is_file() or src.is_symlink():
-            risks.append(f"copy {rel!r} skipped: not a regular file in the main checkout")
+        source = _entry_beneath(main, rel, want=stat.S_IFREG)
+        if source is not None:
+            risks.append(f"copy {rel!r} skipped: " + ("not a regular file in the main checkout" if source == ""
+                                                       else f"in the main checkout {source}; not copied"))
             continue
-        copies.append((src, dst))
+        copies.append((main / rel, checkout / rel))
     return JobEnvironment(checkout=checkout, main_checkout=main, env=extra, shares=tuple(shares), bind=bind,
                           copies=tuple(copies), dirs=tuple(dirs), readonly=tuple(readonly), risks=tuple(risks),
                           python_packages=pkgs, node_package=npkg, setup=cfg.setup,
@@ -414,19 +460,34 @@ def apply(jenv: JobEnvironment) -> str | None:
     try:
         for d in jenv.dirs:
             d.mkdir(parents=True, exist_ok=True)
-        for src, dst in jenv.copies:
-            data = read_capped(src, MAX_COPY)
-            if data is None:
-                return f"cannot read {src} (not a regular file under {MAX_COPY} bytes)"
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-        if not jenv.bind:
-            for s in jenv.shares:
-                os.symlink(s.source, s.target)
     except OSError as exc:
         return f"cannot prepare the job's environment: {exc}"
+    # Checked in prepare() and again here, each open beneath its root: either tree may have changed since.
+    try:
+        main_fd, tree_fd = beneath.open_root(jenv.main_checkout), beneath.open_root(jenv.checkout)
+    except OSError as exc:
+        return f"cannot prepare the job's environment: {exc}"
+    try:
+        for src, dst in jenv.copies:
+            rel = str(dst.relative_to(jenv.checkout))
+            try:
+                data = beneath.read_regular(main_fd, str(src.relative_to(jenv.main_checkout)), MAX_COPY)
+            except OSError as exc:
+                return f"copy {rel!r} not made: cannot read {src}: {beneath.why(exc)}"
+            try:
+                beneath.create_excl(tree_fd, rel, data)
+            except OSError as exc:
+                return f"copy {rel!r} not made: cannot write {dst}: {beneath.why(exc)}"
+        if not jenv.bind:
+            for s in jenv.shares:
+                rel = str(s.target.relative_to(jenv.checkout))
+                try:
+                    beneath.symlink(tree_fd, rel, s.source)
+                except OSError as exc:
+                    return f"share {rel!r} not linked: {beneath.why(exc)}"
+    finally:
+        os.close(main_fd)
+        os.close(tree_fd)
     return None
 
 

@@ -21,28 +21,36 @@ TEST_DIRS = frozenset({"test", "tests", "testing", "__tests__", "spec", "specs",
 # Any file of one of these names, at any depth.
 NAMES = frozenset({
     # Python
-    "conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "noxfile.py",
+    "conftest.py", "pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "tox.ini", "tox.toml", "setup.cfg",
+    "pyproject.toml", "noxfile.py",
     "setup.py", "sitecustomize.py", "usercustomize.py", ".coveragerc",
+    # a dist-info/egg-info's entry points: pytest loads them as plugins, importlib.metadata finds them on sys.path
+    "entry_points.txt",
     # make
     "Makefile", "GNUmakefile", "makefile",
     # Node
     "package.json", ".npmrc", ".yarnrc", ".yarnrc.yml", ".pnpmfile.cjs", ".mocharc", ".nycrc",
+    "node.config.json", ".pnp.cjs", ".pnp.loader.mjs", "pnpm-workspace.yaml", "bunfig.toml", "deno.json",
+    "deno.jsonc",
     # Rust
     "Cargo.toml", "build.rs", "rust-toolchain", "rust-toolchain.toml",
     # Go
-    "go.mod", "go.work",
+    "go.mod", "go.sum", "go.work", "go.work.sum",
     # .NET
-    "Directory.Build.props", "Directory.Build.targets", "global.json",
+    "Directory.Build.props", "Directory.Build.targets", "Directory.Packages.props", "global.json", "nuget.config",
+    "NuGet.Config",
     # proctor's own per-repo config
     ".proctor.toml",
 })
 # File-name globs, at any depth.
 GLOBS = ("test_*.py", "*_test.py", "*_test.go", "*.test.*", "*.spec.*", "*.mk", "*.pth", "*.sln", "*.csproj",
-         "*.fsproj", "*.vbproj", ".mocharc.*", "jest.config.*", "vitest.config.*", "vitest.workspace.*",
-         "karma.conf.*", "ava.config.*", "playwright.config.*", "cypress.config.*", "babel.config.*",
-         ".babelrc*")
-# Paths (from the root) that steer a runner: cargo's runner override, vendored node modules.
-PREFIXES = (".cargo/", "node_modules/")
+         "*.fsproj", "*.vbproj", ".mocharc.*", "jest.config.*", "vitest.config.*", "vite.config.*",
+         "vitest.workspace.*", "karma.conf.*", "ava.config.*", "playwright.config.*", "cypress.config.*",
+         "babel.config.*",
+         ".babelrc*", ".nycrc.*", "*.runsettings")
+# Paths (from the root) that steer a runner: cargo's runner override, vendored node modules, Go's vendor
+# manifest (its presence turns on -mod=vendor).
+PREFIXES = (".cargo/", "node_modules/", "vendor/modules.txt")
 # Top-level modules a Python test run imports before any test: a file or package of the same name at the
 # root shadows them (`python -m pytest` puts the root first on sys.path).
 RUNNER_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", "unittest",

@@ -29,12 +29,15 @@ from proctor.adapters.spec import AdapterSpec, Invocation, Refused, build, pool_
 from proctor.config import Config, ConfigError, load_config
 from proctor.confine.egress import EgressProxy
 from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status
+from proctor.evidence import holdout as held
+from proctor.evidence import preempt, recipe, signals
+from proctor.evidence.instrument import instrument, strip_bytecode
 from proctor.home import proctor_home
-from proctor.job import cgroup, environment, frozen, gatekeeper, landing, record, validate, worktree
+from proctor.job import cgroup, environment, frozen, gatekeeper, landing, record, sandbox_home, validate, worktree
 from proctor.job.agent_version import VERSION_TIMEOUT_S, agent_version, executable, inside
 from proctor.job.attempts import run_attempts
 from proctor.job.cgroup import Limits
-from proctor.job.git import unredirected_env
+from proctor.job.git import git, unredirected_env
 from proctor.job.process import Limited, LocalRunner, ProcessRunner, Spawn
 from proctor.ledger import Ledger, LedgerError, LedgerFull, LedgerTampered
 from proctor.policy.breaker import Breaker, evidence_for
@@ -99,7 +102,8 @@ class _Job:
     confiner: confine.Confiner | None = None
     # The agent's directory once it exited, taken aside and made exactly a tree; validation runs there.
     work: Path = Path()
-    state_dirs: tuple[Path, ...] = ()  # the adapter's, resolved: writable by every job of that adapter
+    state_dirs: tuple[Path, ...] = ()  # the job's copies of the adapter's, under its own HOME (sandbox_home)
+    state: sandbox_home.StateCopy | None = None  # settled when the agent exited (_settle_state)
     egress: EgressProxy | None = None  # the host-run proxy to the adapter's declared hosts, while the agent runs
     gate: gatekeeper.GateService | None = None  # the gate the agent's CLI asks before each tool call
     backend: Backend | None = None  # an HTTP status the CLI's protocol reported for the deciding run
@@ -240,10 +244,24 @@ def _admit_and_run(request, config, runner, progress, cancel, job_id, ledger, st
 
 
 def _agent_env(job: _Job, wt_path: Path) -> dict[str, str]:
-    base = {**unredirected_env(), **job.spec.env}
+    """The declared environment (sandbox_home.declared_env), never the host's whole one: a key exported for
+    proctor reached every agent and the code under test (issue 21). HOME is the job's own, in its private
+    tmp, where its copy of the adapter's state dirs goes (_confine)."""
+    declared = sandbox_home.declared_env(unredirected_env(), job.spec, job.config.env_pass)
+    home = str(_job_home(job))
     # An adapter's `env` value "~/x" is under the agent's HOME, as its state_dirs are (CLAUDE_CONFIG_DIR).
-    return {**base, **job.spec.env_under(base.get("HOME") or str(Path.home())), "PROCTOR_JOB_ID": job.job_id,
+    return {**declared.env, "HOME": home, **job.spec.env_under(home), "PROCTOR_JOB_ID": job.job_id,
             "PROCTOR_WORKTREE": str(wt_path), "TMPDIR": str(job.agent_tmp)}
+
+
+def _job_home(job: _Job) -> Path:
+    return job.agent_tmp / "home"
+
+
+def _without_credentials(job: _Job, env: dict[str, str]) -> dict[str, str]:
+    """`env` minus the adapter's login: for everything of the job but the agent's own process."""
+    creds = set(sandbox_home.credential_names(job.spec))
+    return {k: v for k, v in env.items() if k not in creds}
 
 
 def _run(job: _Job, breaker: Breaker) -> RunAgentResult:
@@ -255,6 +273,11 @@ def _run(job: _Job, breaker: Breaker) -> RunAgentResult:
     base = worktree.resolve_base(repo, req.branch) if req.branch else worktree.default_base(repo)
     if isinstance(base, worktree.Failure):
         return refused(req, [f"invalid request: {base.reason}"], Code.INVALID_REQUEST, job.start)
+    # Every dir the job keeps state in is this user's and writable by nobody else, before anything is
+    # written or launched: `{repo}-agents/`, the two TMPDIRs, and the job's record dir (issue 21).
+    why = record.unsafe_dirs(job.job_id) or worktree.unsafe_dirs(repo, (job.agent_tmp, job.host_tmp))
+    if why:
+        return refused(req, [f"{why}; nothing was launched"], Code.UNSAFE_DIRECTORY, job.start)
 
     # The argv is built (and a too-large prompt refused) before anything is created on disk.
     wt_path = worktree.path_for(repo, job.job_id)
@@ -366,7 +389,7 @@ def _in_worktree(job: _Job, repo: worktree.Repo, base: worktree.Base, confiner: 
     job.progress.phase("creating the worktree")
     wt = worktree.create(repo, job.job_id, req.ticket, base)
     if isinstance(wt, worktree.Failure):
-        result.code, result.summary = Code.WORKTREE_FAILED, wt.reason
+        result.code, result.summary = Code(wt.code) if wt.code else Code.WORKTREE_FAILED, wt.reason
         job.risks.append(wt.reason)
         return
     result.worktree_path, result.branch = str(wt.path), wt.branch
@@ -417,6 +440,7 @@ def _agent_phase(job: _Job, wt: worktree.Worktree, confiner: confine.Confiner, i
                            watch=job.gate.watch() if job.gate is not None else None)
     finally:
         _stop_egress(job)
+        _settle_state(job, result)
     result.confinement_details["limits"] = list(limited.enforced)
     if limited.gaps:
         result.confinement_details["limit_gaps"] = list(limited.gaps)
@@ -439,11 +463,25 @@ def _agent_phase(job: _Job, wt: worktree.Worktree, confiner: confine.Confiner, i
             touched = frozen.test_defining(landed.changed)
             if touched:
                 job.risks.append(f"the agent changed files that define the tests: {_names(touched)}")
+            _diff_risks(job, landed)
             if result.status is Status.completed:
                 dirty = True
                 _validate(job, wt, landed, plan, env, result, touched)
     finally:
         _review_checkout(job, wt, landed, dirty)
+
+
+def _diff_risks(job: _Job, landed: landing.Landing) -> None:
+    """What a person must look at in the diff whatever the tests said: files that run before or instead of
+    the code under test (a stdlib-named module, a `.pth`, a dist-info, bytecode, a runner's config), and
+    cheat signals in the code (reading its caller, ending the process, state across calls, answers copied
+    from the tests). Each a risk naming the file (and line)."""
+    listing = git(["ls-tree", "-r", "--name-only", "-z", landed.base_sha, "--", ":(glob)*", ":(glob)*/__init__.*",
+                   ":(glob)src/*", ":(glob)src/*/__init__.*"], git_dir=landed.git_dir)
+    ours = preempt.top_level_modules(p.decode("utf-8", "surrogateescape") for p in listing.out.split(b"\0") if p)
+    job.risks.extend(preempt.preempting(landed.changed, base_modules=ours))
+    job.risks.extend(signals.diff_signals(landed.git_dir, landed.base_sha, landed.commit, landed.changed,
+                                          frozen.is_test_defining))
 
 
 def _gate_dir(job: _Job) -> Path:
@@ -499,6 +537,8 @@ def _gate_result(job: _Job, gate: gatekeeper.GateService, result: RunAgentResult
         job.risks.append(f"the gate refused {summary.refused} of the agent's {summary.decided} tool call(s): {codes}")
     if gate.failures:
         job.risks.append(f"gate decisions failed and were denied: {gate.failures[0]}")
+    if gate.flood:
+        job.risks.append(gate.flood)
 
 
 def _names(paths: list[str], most: int = 5) -> str:
@@ -583,12 +623,22 @@ def _report_scan(job: _Job, found: landing.Scan, result: RunAgentResult) -> None
 
 def _confine(job: _Job, confiner: confine.Confiner, wt: worktree.Worktree, argv: list[str],
              env: dict[str, str]) -> confine.ConfinePlan | confine.Unavailable:
-    """The OS-enforced plan for this job's agent, never silently weaker than the policy asked."""
+    """The OS-enforced plan for this job's agent, never silently weaker than the policy asked.
+
+    The adapter's state dirs are the job's copies under its own HOME; the user's home is hidden but for
+    what the job needs from it (_hide_home). The adapter's credentials move from `env` into the plan's env:
+    the agent's process gets them, the version probe, setup and validation (which get `env`) do not."""
     spec = job.spec
     planted = confine.refuse_hard_links(wt.path)
     if planted:
         # A hard link the host left in the worktree is writable under every layer (research/sandbox.md).
         return confine.Unavailable(f"worktree files with more than one hard link: {', '.join(planted[:5])}")
+    user_home = sandbox_home.user_home(unredirected_env())
+    if user_home is not None and Path(env.get("HOME", "")) == _job_home(job):
+        copied = sandbox_home.copy_state(_job_home(job), user_home, spec)
+        if isinstance(copied, str):
+            return confine.Unavailable(copied)
+        job.state = copied
     state_dirs = []
     # `~` is the agent's HOME (an adapter's env may move it), which is where its CLI writes its state.
     home = env.get("HOME") or str(Path.home())
@@ -608,7 +658,8 @@ def _confine(job: _Job, confiner: confine.Confiner, wt: worktree.Worktree, argv:
             return confine.Unavailable(f"state_dirs entry {raw!r} of agent {spec.name!r} cannot be made: {exc}")
         state_dirs.append(d)
     job.state_dirs = tuple(state_dirs)
-    roots = confine.job_roots(wt.path, job.agent_tmp, state_dirs, readonly=_main_repo(wt), network=spec.network)
+    roots = _hide_holdout(job, wt, confine.job_roots(wt.path, job.agent_tmp, state_dirs, readonly=_main_repo(wt),
+                                                      network=spec.network))
     if isinstance(roots, confine.Unavailable):
         return roots
     if job.gate is not None:
@@ -625,7 +676,15 @@ def _confine(job: _Job, confiner: confine.Confiner, wt: worktree.Worktree, argv:
             return confine.Unavailable(f"the egress proxy did not start: {exc}")
         roots = dataclasses.replace(roots, egress_socket=proxy.socket_path, egress=spec.egress)
     job.confiner = confiner
-    plan = confiner.wrap(argv, roots)
+    programs = sandbox_home.programs_of(argv, env.get("PATH"))
+    hidden = _hide_home(job, roots, programs)
+    if isinstance(hidden, confine.Unavailable):
+        return hidden
+    plan = confiner.wrap(argv, hidden)
+    if not isinstance(plan, confine.Unavailable):
+        creds = {k: env.pop(k) for k in sandbox_home.credential_names(spec) if k in env}
+        plan = dataclasses.replace(plan, env={**plan.env, **creds},
+                                   details={**plan.details, **_boundary(job, roots, programs, plan.confinement)})
     if not isinstance(plan, confine.Unavailable) and plan.confinement == "none":
         # Validation runs under the same confiner: it ran unconfined too, agent-written code with the host
         # user's rights. Never a verdict a person may skip.
@@ -633,6 +692,63 @@ def _confine(job: _Job, confiner: confine.Confiner, wt: worktree.Worktree, argv:
                f"no OS confinement on this machine ({'; '.join(plan.gaps) or 'neither bubblewrap nor Landlock'})")
         job.risks.append(f"{why}: the agent and its validation ran unconfined")
     return plan
+
+
+def _hide_home(job: _Job, roots: confine.ConfineRequest,
+               programs: list[str]) -> confine.ConfineRequest | confine.Unavailable:
+    """`roots` with the user's home hidden (~/.ssh, cloud credentials, other tools' tokens: issue 21) but
+    what the job needs from it: its own roots, the toolchains, the programs' installs, `read_home`."""
+    home = sandbox_home.user_home(unredirected_env())
+    if home is None:
+        return roots
+    hidden = sandbox_home.hidden_home(home, _home_shown(job, roots, programs))
+    if isinstance(hidden, str):
+        return confine.Unavailable(f"{hidden}: name what it needs in read_home, or move it")
+    extra = tuple(h for h in hidden if not any(h == a or h.is_relative_to(a) for a in roots.hidden))
+    # What stays shown is also bound read-only: under bwrap a home below /tmp (a private tmpfs there)
+    # would otherwise show nothing of it.
+    shown = tuple(p for p in sandbox_home.home_keep(home, unredirected_env(), job.config.read_home, programs)
+                  if p.exists() and p not in roots.readonly)
+    return dataclasses.replace(roots, hidden=(*roots.hidden, *extra), readonly=(*roots.readonly, *shown))
+
+
+def _home_shown(job: _Job, roots: confine.ConfineRequest, programs: list[str]) -> list[Path]:
+    host = unredirected_env()
+    home = sandbox_home.user_home(host)
+    if home is None:
+        return []
+    keep = [*sandbox_home.home_keep(home, host, job.config.read_home, programs),
+            *(Path(os.path.realpath(p)) for p in (*roots.writable, *roots.readonly, *(s for s, _ in roots.ro_binds)))]
+    return list(dict.fromkeys(k for k in keep if k.is_relative_to(home)))
+
+
+def _boundary(job: _Job, roots: confine.ConfineRequest, programs: list[str], confinement: str) -> dict[str, object]:
+    """What of the host the job was given, for the result's confinement_details: the names of the host
+    variables passed (never values), its HOME, what of the user's home it could read, its state copy."""
+    host = unredirected_env()
+    declared = sandbox_home.declared_env(host, job.spec, job.config.env_pass)
+    home = sandbox_home.user_home(host)
+    hidden = home is not None and confinement != "none"
+    return {"env": list(declared.names), "credentials": list(declared.credentials),
+            "home": {"path": str(_job_home(job)), "user_home": str(home) if home else None,
+                     "user_home_hidden": hidden,
+                     "readable": [str(p) for p in _home_shown(job, roots, programs)][:50] if hidden else None},
+            "state": job.state.describe() if job.state is not None else None}
+
+
+def _settle_state(job: _Job, result: RunAgentResult) -> None:
+    """After the agent: the must-keep files of its state copy written back, a change to the CLI's config,
+    hooks, MCP servers or extensions a risk (the copy, and the change, go with the job's tmp)."""
+    if job.state is None:
+        return
+    done = sandbox_home.settle(job.state)
+    details = result.confinement_details.get("state")
+    if isinstance(details, dict):
+        details.update(kept=list(done.kept), not_kept=list(done.not_kept), changed_config=list(done.changed_config))
+    if done.changed_config:
+        job.risks.append("the agent changed its CLI's config, hooks, MCP servers or extensions in its state dir: "
+                         f"{_names(list(done.changed_config))} (the job's copy only: discarded, never seen by "
+                         "another job)")
 
 
 def _repo_settings(job: _Job, wt: worktree.Worktree) -> environment.RepoSettings | None:
@@ -653,7 +769,10 @@ def _setup(job: _Job, wt: worktree.Worktree, runner: ProcessRunner, env: dict[st
     if cfg is None or job.confiner is None:
         return
     job.progress.phase("setting up the worktree")
-    roots = confine.job_roots(wt.path, job.agent_tmp, readonly=_main_repo(wt), network=bool(cfg.registries))
+    roots = _hide_holdout(job, wt, confine.job_roots(wt.path, job.agent_tmp, readonly=_main_repo(wt),
+                                                      network=bool(cfg.registries)))
+    if not isinstance(roots, confine.Unavailable):
+        roots = _hide_home(job, roots, ["/bin/sh"])
     if isinstance(roots, confine.Unavailable):
         job.risks.append(f"setup before the agent not run: {roots.reason}")
         return
@@ -714,11 +833,13 @@ def _probe_version(job: _Job, confiner: confine.Confiner, wt: worktree.Worktree,
                          "what the next job runs")
     scratch = job.agent_tmp / "version-probe"
     roots = confine.job_roots(scratch, scratch, readonly=_main_repo(wt), network=False)
+    env = _without_credentials(job, env)  # it runs the CLI's code, which needs no login to say its version
 
     def probe(argv: list[str]) -> tuple[int | None, bytes, bytes]:
-        if isinstance(roots, confine.Unavailable):
+        req = roots if isinstance(roots, confine.Unavailable) else _hide_home(job, roots, argv[:1])
+        if isinstance(req, confine.Unavailable):
             return None, b"", b""
-        plan = confiner.wrap(argv, roots)
+        plan = confiner.wrap(argv, req)
         if isinstance(plan, confine.Unavailable):
             return None, b"", b""
         ex = job.runner.run(Spawn(argv=plan.argv, cwd=scratch, env={**env, **plan.env}, deadline_s=VERSION_TIMEOUT_S,
@@ -734,34 +855,46 @@ def _main_repo(wt: worktree.Worktree) -> tuple[Path, ...]:
 
 
 def _confined_validation(job: _Job, plan: validate.Plan, checkout: Path, readonly: tuple[Path, ...],
-                         tmpdir: Path, ro_binds: tuple[tuple[Path, Path], ...] = (),
-                         registries: EgressProxy | None = None) -> tuple[validate.Plan, dict[str, str]] | None:
+                         tmpdir: Path, ro_binds: tuple[tuple[Path, Path], ...] = ()
+                         ) -> tuple[validate.Plan, dict[str, str]] | None:
     """Validation runs code the agent may have written (a conftest.py, a build script): it gets the agent's
     confinement in a checkout of its own, minus the network and the CLI's state dirs, with the review
-    checkout read-only. `ro_binds` are the job environment's read-only shares (proctor.job.environment).
-    The repo's `setup` steps (labelled "setup: ") reach `registries`, a proxy to the repo's registries, when
-    one is given; the env it needs comes back beside the plan. None (and a risk) when it cannot be had."""
+    checkout read-only; its setup steps too (a setup script the agent rewrote sent `.env` to a listener
+    through the registry proxy, found in review). `ro_binds` are the job environment's read-only shares
+    (proctor.job.environment) and the evidence plugin's dir. None (and a risk) when it cannot be had."""
     roots = confine.job_roots(checkout, tmpdir, readonly=readonly, network=False)
+    if not isinstance(roots, confine.Unavailable) and ro_binds:
+        roots = dataclasses.replace(roots, ro_binds=ro_binds)
+    if not isinstance(roots, confine.Unavailable):
+        # The user's home is hidden from the code under test as from the agent: it is the agent's code.
+        roots = _hide_home(job, roots, [s.argv[0] for s in plan.steps if s.argv])
     if isinstance(roots, confine.Unavailable):
         job.risks.append(f"validation not run: {roots.reason}")
         return None
-    if ro_binds:
-        roots = dataclasses.replace(roots, ro_binds=ro_binds)
     if job.confiner is None:
         return plan, {}
-    networked = roots if registries is None else dataclasses.replace(
-        roots, network=True, egress_socket=registries.socket_path, egress=tuple(str(e) for e in registries.allowed))
-    steps, env = [], {}
+    steps, env = [], {}  # no step has a proxy's variables: none has a network
     for step in plan.steps:
-        setup = registries is not None and step.label.startswith(environment.SETUP_LABEL)
-        wrapped = job.confiner.wrap(list(step.argv), networked if setup else roots)
+        wrapped = job.confiner.wrap(list(step.argv), roots)
         if isinstance(wrapped, confine.Unavailable):
             job.risks.append(f"validation not run: {wrapped.reason}")
             return None
-        steps.append(validate.Step(step.label, tuple(wrapped.argv)))
-        if setup:
-            env.update(wrapped.env)
+        steps.append(validate.Step(step.label, tuple(wrapped.argv), step.source or step.argv))
     return validate.Plan(tuple(steps)), env
+
+
+def _holdout(job: _Job, wt: worktree.Worktree) -> list[str]:
+    return [*job.config.holdout_for(wt.repo.path), *(job.request.holdout or [])]
+
+
+def _hide_holdout(job: _Job, wt: worktree.Worktree,
+                  roots: confine.ConfineRequest | confine.Unavailable) -> confine.ConfineRequest | confine.Unavailable:
+    """The held-out tests are not even readable before validation: an agent cannot tune to what it cannot
+    read (README "What the verdict rests on")."""
+    dirs = tuple(Path(d).resolve() for d in _holdout(job, wt) if Path(d).is_dir())
+    if isinstance(roots, confine.Unavailable) or not dirs:
+        return roots
+    return dataclasses.replace(roots, hidden=(*roots.hidden, *dirs))
 
 
 def _registry_proxy(job: _Job, cfg: environment.RepoSettings, sock: str, what: str) -> EgressProxy | None | str:
@@ -793,26 +926,53 @@ def _poll(job: _Job) -> Callable[[], str | None]:
 
 def _validate(job: _Job, wt: worktree.Worktree, landed: landing.Landing, plan: validate.Plan, env: dict[str, str],
               result: RunAgentResult, touched: list[str]) -> None:
-    """Validate exactly the tree that would land: the work directory made exactly the job's commit (ignored
-    files the agent left are gone); with test-defining files touched, once more made the job's tree with the
-    base's versions of them, whose failure is a risk (the task may have been to change a test)."""
+    """Validate exactly the tree that would land, with the base's recipe: the work directory made the
+    job's commit (ignored files the agent left are gone) with the base's version of every recipe file the
+    agent changed (proctor.evidence.recipe) and the held-out tests laid in; with test-defining files
+    touched, once more with the base's versions of those too, whose failure is a risk (the task may have
+    been to change a test). Each test step is judged on its runner's evidence, not its exit code alone."""
     if not plan.steps:
         job.risks.append(plan.skipped_reason or "validation skipped")
         return
+    cfg = job.settings
+    commands = [c for c in (job.request.validate_command or (cfg.validate if cfg else None), *(cfg.setup if cfg else ()))
+                if c]
+    recipe_changed = recipe.recipe_changes(commands, landed.changed, recipe.runner_of(s.argv for s in plan.steps))
+    if recipe_changed:
+        job.risks.append(f"the agent changed the validation recipe ({_names(recipe_changed)}): validation ran the "
+                         "base's version")
+    holdout = _holdout(job, wt)
+    bad = held.check_dirs(holdout)
+    if bad:
+        result.status, result.code = Status.failed, Code.VALIDATION_FAILED
+        job.risks.append(f"validation not run: {bad[0]}")
+        return
     job.progress.phase("validating")
-    run = _validation_run(job, wt, landed, plan, env, "validate", None)
+    tree = _tree_with_base(job, landed, recipe_changed, "recipe")
+    if isinstance(tree, worktree.Failure):
+        return
+    run = _validation_run(job, wt, landed, plan, env, "validate", tree, holdout, result)
     if run is None or _judge(job, run, result, ""):
         return
+    frozen_paths = sorted({*touched, *recipe_changed})
     if touched:
         job.progress.phase("validating with the base's test files")
-        tree = frozen.frozen_tree(landed.git_dir, job.host_tmp / "frozen.index", landed.commit, landed.base_sha,
-                                  touched)
+        tree = _tree_with_base(job, landed, frozen_paths, "frozen")
         if isinstance(tree, worktree.Failure):
-            job.risks.append(f"the base's test files were not run: {tree.reason}")
             return
-        run = _validation_run(job, wt, landed, plan, env, "frozen", tree)
+        run = _validation_run(job, wt, landed, plan, env, "frozen", tree, holdout, None)
         if run is not None:
             _judge(job, run, result, " (with the base's test files)")
+
+
+def _tree_with_base(job: _Job, landed: landing.Landing, paths: list[str], what: str) -> str | None | worktree.Failure:
+    """The job's tree with `paths` as the base has them; None when there are none (the job's own tree)."""
+    if not paths:
+        return None
+    tree = frozen.frozen_tree(landed.git_dir, job.host_tmp / f"{what}.index", landed.commit, landed.base_sha, paths)
+    if isinstance(tree, worktree.Failure):
+        job.risks.append(f"validation not run: the tree with the base's {what} files was not built: {tree.reason}")
+    return tree
 
 
 def _judge(job: _Job, run: validate.Run, result: RunAgentResult, suffix: str) -> bool:
@@ -829,36 +989,54 @@ def _judge(job: _Job, run: validate.Run, result: RunAgentResult, suffix: str) ->
                        if reason.startswith("resource_limit") else Code.CANCELLED)
         job.risks.append(f"validation {run.killed_reason}")
         return True
+    for a in run.attempts:
+        job.risks.extend(f"{r}{suffix}" for r in a.risks)
     failed = [a for a in run.attempts if not a.passed]
     if not failed:
         return False
     first = failed[0]
+    why = f" ({first.failure})" if first.failure else ""
     if first.exit_code == PYTEST_NO_TESTS and first.label.endswith("-m pytest"):
         # pytest's "no tests collected": nothing was checked, which is not the same as a failure.
         job.risks.append(f"validation ran no test: {first.line(timeout)}{suffix}")
         return False
     if suffix:
-        job.risks.append(f"validation failed{suffix}: {first.line(timeout)}")
+        job.risks.append(f"validation failed{suffix}: {first.line(timeout)}{why}")
         return True
     result.status, result.code = Status.failed, Code.VALIDATION_FAILED
-    job.risks.append(f"validation failed: {first.line(timeout)}")
+    job.risks.append(f"validation failed: {first.line(timeout)}{why}")
     return True
 
 
 def _validation_run(job: _Job, wt: worktree.Worktree, landed: landing.Landing, plan: validate.Plan,
-                    env: dict[str, str], name: str, tree: str | None) -> validate.Run | None:
+                    env: dict[str, str], name: str, tree: str | None, holdout: list[str],
+                    result: RunAgentResult | None) -> validate.Run | None:
     """One validation in the work directory, made `tree` first (when not the job's own, already there),
     with a throw-away `.git`; the job's git dir (at the review path) is read-only to it. The job's
     environment (proctor.job.environment) mirrors the developer's: the repo's keys from config and the
     base's `.proctor.toml`, a private HOME and caches, the validated tree's code first on the import path,
     the main checkout's dependency dirs shared read-only; a probe in that environment says where the code
-    under test resolves, and one outside the validated tree is a risk."""
+    under test resolves, and one outside the validated tree is a risk. The held-out tests are laid in
+    last; `result` (the first run's) is told how many. Network: none, setup included. Setup that needs the
+    registries ran before the agent, on the base's files (code the agent wrote never has a network)."""
     tmpdir = job.host_tmp / f"{name}-tmp"
     made = (landing.materialise(job.work, landed.git_dir, tree, landed.index) if tree is not None else None) \
         or landing.scratch_git_dir(job.work, landed, wt, landed.index)
     if made is not None:
         job.risks.append(f"validation not run: {made.reason}")
         return None
+    try:
+        strip_bytecode(job.work)
+    except OSError as exc:
+        job.risks.append(f"validation not run: the tree's bytecode could not be removed: {exc}")
+        return None
+    if holdout:
+        laid = held.lay(job.work, holdout)
+        if isinstance(laid, str):
+            job.risks.append(f"validation failed: {laid}")
+            return validate.Run([validate.Attempt("held-out tests", None, False, failure=laid)])
+        if result is not None:
+            result.holdout = laid.record()
     first = name == "validate"  # the frozen run has the same environment: its risks are said once
     cfg = job.settings
     bind = job.confiner is not None and "bwrap" in job.confiner.name
@@ -876,24 +1054,26 @@ def _validation_run(job: _Job, wt: worktree.Worktree, landed: landing.Landing, p
                           job_id=job.job_id)
     plan = environment.plan_for(plan, cfg, given=bool(job.request.validate_command))
     readonly = (*_main_repo(wt), wt.path, *jenv.readonly)
-    proxy = _registry_proxy(job, cfg, f"{name}-egress.sock", "validation") if cfg and cfg.setup else None
-    if isinstance(proxy, str):
-        job.risks.append(proxy)
-        return None
-    try:
-        return _run_validation(job, plan, jenv, readonly, tmpdir, env, name, first, proxy)
-    finally:
-        if proxy is not None:
-            proxy.stop()
+    return _run_validation(job, plan, jenv, readonly, tmpdir, env, name, first, frozenset(landed.changed))
 
 
 def _run_validation(job: _Job, plan: validate.Plan, jenv: environment.JobEnvironment, readonly: tuple[Path, ...],
                     tmpdir: Path, env: dict[str, str], name: str, first: bool,
-                    registries: EgressProxy | None) -> validate.Run | None:
-    confined = _confined_validation(job, plan, job.work, readonly, tmpdir, jenv.ro_binds, registries)
+                    changed: frozenset[str]) -> validate.Run | None:
+    # The evidence plugin sits in a host-owned dir the sandbox sees read-only at the same path; what it
+    # reports goes to the run's private tmp (proctor.evidence.instrument says why env, not argv).
+    run_env = {**env, **jenv.env}
+    try:
+        inst = instrument(job.host_tmp / f"{name}-evidence", tmpdir, run_env)
+    except OSError as exc:
+        job.risks.append(f"validation not run: its evidence reporter could not be laid out: {exc}")
+        return None
+    binds = (*jenv.ro_binds, (inst.plugin_dir, inst.plugin_dir))
+    confined = _confined_validation(job, plan, job.work, readonly, tmpdir, binds)
     if confined is None:
         return None
-    run_env = {**env, **jenv.env, **confined[1], "TMPDIR": str(tmpdir)}
+    run_env = {**run_env, **confined[1], **inst.env, "TMPDIR": str(tmpdir)}
+    checks = validate.Evidence(inst, job.work, lambda p: p in changed and not frozen.is_test_defining(p))
     if first:
         def run_probe(argv: list[str]) -> tuple[int | None, bytes]:
             wrapped = _confined_validation(job, validate.Plan((validate.Step("probe", tuple(argv)),)), job.work,
@@ -910,4 +1090,4 @@ def _run_validation(job: _Job, plan: validate.Plan, jenv: environment.JobEnviron
                           job_id=job.job_id)
     return validate.run(confined[0], job.runner, cwd=job.work, env=run_env, timeout_s=job.config.validate_timeout,
                         name=f"{name}-{job.job_id}", poll=_poll(job), log=validation_log(job.job_id),
-                        watch=job.progress.watch(None))
+                        watch=job.progress.watch(None), checks=checks)

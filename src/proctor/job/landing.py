@@ -27,8 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from proctor.confine import beneath
 from proctor.job.git import git
-from proctor.job.worktree import Failure, Worktree, init_git_dir, remove_tree, set_ref
+from proctor.job.worktree import Failure, Worktree, init_git_dir, set_ref
 
 MAX_FILE_BYTES = 100 * 1024 * 1024  # a larger file is left out of the job's tree, and said so
 MAX_ENTRIES = 2_000_000
@@ -137,11 +138,10 @@ def build(agent_dir: Path, git_dir: Path, wt: Worktree, private_dir: Path, found
     every gitlink of the base (a submodule pointer never moves through a job). Special files and oversized
     control files are first removed from `agent_dir` (the host's now: the agent's tree is dead), since git
     opens every .gitignore it walks past: a FIFO there hung git in review."""
-    for rel in (*found.special, *(p for p, _ in found.oversized if Path(p).name in CONTROL_FILES)):
-        try:
-            os.unlink(agent_dir / rel)  # unlink never opens: a FIFO cannot block it
-        except OSError as exc:
-            return Failure(f"cannot remove {rel!r} from the agent's directory: {exc}")
+    doomed = (*found.special, *(p for p, _ in found.oversized if Path(p).name in CONTROL_FILES))
+    failure = _unlink_all(agent_dir, doomed) if doomed else None
+    if failure:
+        return failure
     failure = init_git_dir(git_dir.parent, wt.repo, wt.branch)
     if failure:
         return failure
@@ -173,6 +173,24 @@ def build(agent_dir: Path, git_dir: Path, wt: Worktree, private_dir: Path, found
     return Landing(commit.text, tree.text, wt.base_sha, git_dir, index, changed, ignored)
 
 
+def _unlink_all(root: Path, paths: Sequence[str]) -> Failure | None:
+    """Unlink each path beneath `root` (unlink never opens: a FIFO cannot block it; nor is a directory the
+    agent turned into a link on the way followed)."""
+    try:
+        root_fd = beneath.open_root(root)
+    except OSError as exc:
+        return Failure(f"cannot open the agent's directory {root}: {exc.strerror}")
+    try:
+        for rel in paths:
+            try:
+                beneath.unlink(root_fd, rel)
+            except OSError as exc:
+                return Failure(f"cannot remove {rel!r} from the agent's directory: {beneath.why(exc)}")
+    finally:
+        os.close(root_fd)
+    return None
+
+
 def changed_paths(git_dir: Path, old: str, new: str) -> list[str] | Failure:
     """Every path whose entry differs between two commits (both sides of a rename), from objects alone."""
     res = git(["diff-tree", "-r", "-z", "--no-renames", "--name-only", "--no-commit-id", old, new], git_dir=git_dir)
@@ -202,45 +220,64 @@ def _tree_entries(git_dir: Path, tree: str) -> dict[str, str] | Failure:
     return out
 
 
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        remove_tree(path)
-    else:
-        path.unlink(missing_ok=True)
-
-
 def _prune(root: Path, entries: dict[str, str]) -> None:
     """Make `root` hold nothing but `entries`' paths, each of the right type: what is not in the tree goes
     (ignored files, nested repos, the agent's `.git`), a file with other links or another owner goes (it
-    is written fresh later), modes are git's (no setuid, no world-writable dir)."""
+    is written fresh later), modes are git's (no setuid, no world-writable dir), the root's own included
+    (an agent's `chmod 0777` of its worktree survived into the review checkout). Every directory is opened
+    beneath the root with no symlink on the way (proctor.confine.beneath), so a directory swapped for a link
+    is never walked into."""
     uid = os.geteuid()
-    stack = [""]
-    while stack:
-        rel = stack.pop()
-        with os.scandir(root / rel if rel else root) as it:
-            children = list(it)
-        for entry in children:
-            path = f"{rel}/{entry.name}" if rel else entry.name
-            mode = entries.get(path)
-            st = entry.stat(follow_symlinks=False)
-            kind = stat.S_IFMT(st.st_mode)
-            want = KIND.get(mode or "")
-            if want is None or kind != want or (kind != stat.S_IFLNK and st.st_uid != uid) or (
-                    kind == stat.S_IFREG and st.st_nlink != 1):
-                _remove(Path(entry.path))
-                continue
-            if mode == "160000":
-                with os.scandir(entry.path) as inside:
-                    occupied = any(inside)
-                if occupied:  # a submodule's dir stays empty, as a checkout leaves it
-                    remove_tree(Path(entry.path))
-                    os.mkdir(entry.path, 0o755)
-                continue
-            perm = PERM.get(mode or "")
-            if perm is not None and stat.S_IMODE(st.st_mode) != perm:
-                os.chmod(entry.path, perm, follow_symlinks=False)
-            if mode == "040000":
-                stack.append(path)
+    root_fd = beneath.open_root(root)
+    try:
+        st = os.fstat(root_fd)
+        if st.st_uid != uid:
+            raise PermissionError(f"{root} belongs to uid {st.st_uid}, not to this user")
+        if stat.S_IMODE(st.st_mode) != PERM["040000"]:
+            os.fchmod(root_fd, PERM["040000"])
+        stack = [""]
+        while stack:
+            rel = stack.pop()
+            dir_fd = beneath.open_beneath(root_fd, rel, beneath.DIR_FLAGS) if rel else os.dup(root_fd)
+            try:
+                stack += _prune_dir(dir_fd, rel, entries, uid)
+            finally:
+                os.close(dir_fd)
+    finally:
+        os.close(root_fd)
+
+
+def _prune_dir(dir_fd: int, rel: str, entries: dict[str, str], uid: int) -> list[str]:
+    """One directory of _prune, by its fd; the tree's subdirectories in it, to walk next."""
+    subdirs = []
+    with os.scandir(dir_fd) as it:
+        children = list(it)
+    for entry in children:
+        path = f"{rel}/{entry.name}" if rel else entry.name
+        mode = entries.get(path)
+        st = entry.stat(follow_symlinks=False)
+        kind = stat.S_IFMT(st.st_mode)
+        want = KIND.get(mode or "")
+        if want is None or kind != want or (kind != stat.S_IFLNK and st.st_uid != uid) or (
+                kind == stat.S_IFREG and st.st_nlink != 1):
+            beneath.rmtree(dir_fd, entry.name)
+            continue
+        if mode == "160000":
+            sub = beneath.open_beneath(dir_fd, entry.name, beneath.DIR_FLAGS)
+            try:
+                occupied = bool(os.listdir(sub))
+            finally:
+                os.close(sub)
+            if occupied:  # a submodule's dir stays empty, as a checkout leaves it
+                beneath.rmtree(dir_fd, entry.name)
+                os.mkdir(entry.name, 0o755, dir_fd=dir_fd)
+            continue
+        perm = PERM.get(mode or "")
+        if perm is not None and stat.S_IMODE(st.st_mode) != perm:
+            os.chmod(entry.name, perm, dir_fd=dir_fd, follow_symlinks=False)
+        if mode == "040000":
+            subdirs.append(path)
+    return subdirs
 
 
 def materialise(work_tree: Path, git_dir: Path, tree: str, index: Path, *, trusted_index: bool = False) -> Failure | None:

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from proctor.home import proctor_home
+from proctor.confine import beneath
+from proctor.home import proctor_home, unsafe_home
 from proctor.job.process import Watch
 from proctor.terminal import visible
 
@@ -46,9 +47,25 @@ def job_dir(job_id: str) -> Path:
     return proctor_home() / "jobs" / job_id
 
 
-def _write(path: Path, text: str) -> str | None:
+def unsafe_dirs(job_id: str) -> str | None:
+    """Why the job's record dir `$PROCTOR_HOME/jobs/<jobId>` may not be used (None: it may): it, `jobs/` and
+    the state dir are made (mkdir, mode 0700) when missing, and each must be this user's and writable by
+    nobody else. Nothing is written into one that fails."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        d = job_dir(job_id)
+    except ValueError as exc:
+        return str(exc)
+    why = unsafe_home(d.parent.parent) or beneath.private_dir(d.parent) or beneath.private_dir(d)
+    return f"unsafe directory: {why}" if why else None
+
+
+def _write(job_id: str, name: str, text: str) -> str | None:
+    """`name` in the job's record dir, replaced atomically; never into a dir that fails unsafe_dirs."""
+    unsafe = unsafe_dirs(job_id)
+    if unsafe:
+        return f"{name} not written: {unsafe}"
+    path = job_dir(job_id) / name
+    try:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -77,22 +94,16 @@ def _start_ticks(pid: int) -> int | None:
 
 def started(job_id: str) -> str | None:
     """Called by the host right after the job's `job.start` row; None, or why host.json was not written."""
-    try:
-        path = job_dir(job_id) / "host.json"
-    except ValueError as exc:
-        return str(exc)
     pid = os.getpid()
-    return _write(path, json.dumps({"pid": pid, "start_ticks": _start_ticks(pid), "boot_id": _boot_id()}))
+    host = {"pid": pid, "start_ticks": _start_ticks(pid), "boot_id": _boot_id()}
+    return _write(job_id, "host.json", json.dumps(host))
 
 
 def ended(request: Any, result: Any) -> str | None:
     """Called by the host after the job's `job.end` row: the result JSON and the request, as files."""
-    try:
-        d = job_dir(result.job_id)
-    except ValueError as exc:
-        return str(exc)
     req = request.model_dump(mode="json", by_alias=True) if hasattr(request, "model_dump") else dict(request)
-    return _write(d / "request.json", json.dumps(req, indent=2)) or _write(d / "result.json", result.to_json())
+    return (_write(result.job_id, "request.json", json.dumps(req, indent=2))
+            or _write(result.job_id, "result.json", result.to_json()))
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -170,20 +181,17 @@ class LiveProgress:
         self._written = 0.0
         self._ended: str | None = None
         self._timer: threading.Timer | None = None
-        try:
-            self._path: Path | None = job_dir(job_id) / "progress.json"
-        except ValueError:
-            self._path = None
+        self._writable = safe_job_id(job_id)
 
     def _elapsed(self) -> float:
         return round(time.monotonic() - self._start, 1)
 
     def _write(self) -> None:
         """Under the lock: the whole state as one file, replaced atomically (a reader sees old or new)."""
-        if self._path is None:
+        if not self._writable:
             return
         self._written = time.monotonic()
-        _write(self._path, json.dumps({
+        _write(self.job_id, "progress.json", json.dumps({
             "phase": self._phases[-1]["name"] if self._phases else "starting", "phases": self._phases,
             "lastLine": self._last, "elapsedS": self._elapsed(), "ended": self._ended,
             "updated": time.time()}))

@@ -19,10 +19,10 @@ discard and gc are separate verbs).
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from proctor.confine import beneath
 from proctor.contract import check_ref
 from proctor.job.git import git
 
@@ -30,6 +30,7 @@ from proctor.job.git import git
 @dataclass(frozen=True)
 class Failure:
     reason: str
+    code: str | None = None  # a contract Code's value where the failure has its own (UNSAFE_DIRECTORY)
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,23 @@ class Worktree:
     repo: Repo
 
 
+def agents_dir(repo: Repo) -> Path:
+    return repo.path.parent / f"{repo.path.name}-agents"
+
+
 def path_for(repo: Repo, job_id: str) -> Path:
-    return repo.path.parent / f"{repo.path.name}-agents" / job_id
+    return agents_dir(repo) / job_id
+
+
+def unsafe_dirs(repo: Repo, private: tuple[Path, ...] = ()) -> str | None:
+    """Why a job may not use `{repo}-agents/` (made here, mode 0700, when missing) or its `private` dirs
+    (the TMPDIRs, made by mkdtemp): each must be this user's and writable by nobody else, under parents no
+    other user can swap it in. Measured (issue 21): in a world-writable sticky dir another user pre-created
+    `repo-agents/`; proctor used it as found and she swapped the validation checkout mid-job."""
+    why = beneath.private_dir(agents_dir(repo))
+    for d in private:
+        why = why or beneath.unsafe_dir(d) or beneath.unsafe_parent(d.parent)
+    return f"unsafe directory: {why}" if why else None
 
 
 def open_repo(path: str | Path) -> Repo | Failure:
@@ -185,10 +201,13 @@ def create(repo: Repo, job_id: str, ticket: str, base: Base) -> Worktree | Failu
     the base, and (for the agent's `git diff <base>`) a branch of the base's name where it is one."""
     path = path_for(repo, job_id)
     branch = f"wt/{job_id}/{ticket}"
-    if path.exists():
-        return Failure(f"worktree path {path} already exists")
+    unsafe = unsafe_dirs(repo)
+    if unsafe:
+        return Failure(unsafe, code="UNSAFE_DIRECTORY")
     try:
-        path.mkdir(parents=True)
+        path.mkdir(0o700)  # never one that is there: mkdir fails on any entry, a link included
+    except FileExistsError:
+        return Failure(f"worktree path {path} already exists")
     except OSError as exc:
         return Failure(f"cannot create the worktree {path}: {exc}")
     gd = path / ".git"
@@ -208,15 +227,21 @@ def _base_name_ref(git_dir: Path, base: Base, branch: str) -> Failure | None:
 
 
 def remove_tree(path: Path) -> bool:
-    """Remove a directory the agent wrote (no symlink is followed; unreadable modes are undone first)."""
-
-    def fix(func, p, _exc):
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            os.chmod(p, 0o700)
-            func(p)
-        except OSError:
-            pass
-
-    shutil.rmtree(path, onerror=fix)
-    return not path.exists()
+    """Remove a directory the agent wrote: no symlink is followed inside it, nor is `path` itself one
+    (a link there is removed, not its target); unreadable modes are undone first. `path`'s parent is the
+    host's (`{repo}-agents/`, or a scratch dir)."""
+    try:
+        parent = beneath.open_root(path.parent)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    try:
+        beneath.rmtree(parent, path.name)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    finally:
+        os.close(parent)
+    return not os.path.lexists(path)

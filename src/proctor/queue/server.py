@@ -128,9 +128,7 @@ def start(
     store_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     port = port or free_port()
     log_file = store_dir / "server.log"
-    argv = [str(find_binary()), "-js", "-a", LOOPBACK, "-p", str(port), "-sd", str(store_dir), "-l", str(log_file)]
-    if config_file is not None:
-        argv += ["-c", str(config_file)]
+    argv = server_argv(find_binary(), port, store_dir, config_file)
     if node is not None:
         argv += ["--name", node.name, "--cluster_name", node.cluster_name,
                  "--cluster", f"nats://{LOOPBACK}:{node.cluster_port}", "--routes", ",".join(node.routes)]
@@ -144,12 +142,19 @@ def start(
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             break
-        if answers(port):
+        if answers(port) and _listens(proc.pid, port):  # our child's socket, not one that took the port first
             return handle
         time.sleep(0.01)
     handle.stop()
     tail = log_file.read_text(errors="replace")[-2000:] if log_file.exists() else ""
     raise ServerError(f"nats-server did not come up on {LOOPBACK}:{port}: {tail}")
+
+
+def server_argv(binary: Path, port: int, store_dir: Path, config_file: Path | None) -> list[str]:
+    """The command line of a server on loopback `port` with its store (and log) in `store_dir`."""
+    argv = [str(binary), "-js", "-a", LOOPBACK, "-p", str(port), "-sd", str(store_dir),
+            "-l", str(store_dir / "server.log")]
+    return argv + ["-c", str(config_file)] if config_file is not None else argv
 
 
 @dataclass
@@ -245,7 +250,12 @@ def ensure_local(home: Path | None = None) -> str:
     The bundled server requires a token (`nats/token`, 0600 in the 0700 home): another local user reaches
     the loopback port but cannot connect, so cannot read, purge, cancel or answer anything on it. A server
     a proctor before this one started without it is restarted with it (its JetStream store, and so every
-    queued job, is kept; listeners of the old server must be restarted to get the token)."""
+    queued job, is kept; listeners of the old server must be restarted to get the token).
+
+    The recorded server is reused only when it is recognisably this home's (`recognise`): after a crash
+    another user's process can hold the recorded port (and, pids being reused, the recorded pid), and
+    whatever proctor connects to gets the token in its CONNECT. Anything else gets a fresh server on a
+    fresh port, recorded; a stranger is never signalled."""
     home = home or ensure_home()
     nats_dir = home / "nats"
     nats_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -259,14 +269,16 @@ def ensure_local(home: Path | None = None) -> str:
             raise ServerError(str(exc)) from None
         try:
             doc = json.loads(state.read_text())
-            if _alive(int(doc["pid"])) and answers(int(doc["port"])):
-                if doc.get("auth") == "token":
-                    return str(doc["url"])
-                if _is_nats_server(int(doc["pid"])):
-                    ServerHandle(doc["url"], int(doc["pid"]), int(doc["port"]), nats_dir / "store",
-                                 nats_dir / "server.log").stop()
+            if doc.get("auth") == "token" and recognise(doc, nats_dir) is None and answers(int(doc["port"])):
+                return str(doc["url"])
+            # This user's server on this home's store that is not the one to reuse (started without the
+            # token, or by another install's binary): stopped, so two servers never share the store.
+            if _owns_store(int(doc["pid"]), nats_dir / "store"):
+                ServerHandle(doc["url"], int(doc["pid"]), int(doc["port"]), nats_dir / "store",
+                             nats_dir / "server.log").stop()
         except (OSError, ValueError, KeyError, TypeError):
             pass
+        state.unlink(missing_ok=True)  # until the fresh one is up, no record (local_token gives nothing)
         conf = nats_dir / "server.conf"
         conf.unlink(missing_ok=True)
         try:
@@ -279,22 +291,72 @@ def ensure_local(home: Path | None = None) -> str:
 
 
 def local_token(home: Path, url: str) -> str | None:
-    """The bundled server's token when `url` is that server's, else None."""
+    """The bundled server's token when `url` is that server's and the process on it is still recognisably
+    this home's (`recognise`), else None: the token goes in the first bytes a client sends."""
     try:
         doc = json.loads((home / "nats" / "server.json").read_text())
-        if doc.get("auth") != "token" or url.strip() != doc.get("url"):
+        if doc.get("auth") != "token" or url.strip() != doc.get("url") or recognise(doc, home / "nats"):
             return None
         return (home / "nats" / TOKEN_FILE).read_text().strip() or None
     except (OSError, ValueError, AttributeError):
         return None
 
 
-def _is_nats_server(pid: int) -> bool:
+def recognise(doc: dict, nats_dir: Path) -> str | None:
+    """None when the server `doc` (server.json) records is this home's bundled server, else why not. Pid and
+    port alone prove nothing after a crash: another user can listen on the freed port, and a pid is reused.
+    So: the process runs the bundled binary, as this user, with exactly the command line this home's server
+    was started with (its port, store and config), and the socket listening on the port is that process's."""
     try:
-        cmd = psutil.Process(pid).cmdline()
+        pid, port = int(doc["pid"]), int(doc["port"])
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            uids, exe, cmd, status = proc.uids(), proc.exe(), proc.cmdline(), proc.status()
+    except (KeyError, TypeError, ValueError):
+        return "the record names no pid and port"
+    except psutil.Error as exc:
+        return f"process {doc.get('pid')} cannot be inspected ({type(exc).__name__})"
+    if status == psutil.STATUS_ZOMBIE:
+        return f"process {pid} has exited"
+    if uids.real != os.getuid() or uids.effective != os.getuid():
+        return f"process {pid} runs as uid {uids.effective}, not {os.getuid()}"
+    binary = find_binary()
+    if os.path.realpath(exe) != os.path.realpath(binary):
+        return f"process {pid} runs {exe}, not the bundled {binary}"
+    if cmd != server_argv(binary, port, nats_dir / "store", nats_dir / "server.conf"):
+        return f"process {pid} was not started as this home's server: {' '.join(cmd)[:300]}"
+    if not _listens(pid, port):
+        return f"the socket on {LOOPBACK}:{port} is not process {pid}'s"
+    return None
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process `pid` holds the socket listening on loopback `port`."""
+    try:
+        conns = psutil.Process(pid).net_connections(kind="tcp4")
+    except psutil.Error:
+        return False
+    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.laddr.ip == LOOPBACK
+               for c in conns)
+
+
+def _is_nats_server(pid: int) -> bool:
+    """A nats-server of this user's: the only process stop_local may signal."""
+    try:
+        proc = psutil.Process(pid)
+        cmd, uid = proc.cmdline(), proc.uids().effective
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
-    return bool(cmd) and Path(cmd[0]).name.startswith("nats-server")
+    return bool(cmd) and Path(cmd[0]).name.startswith("nats-server") and uid == os.getuid()
+
+
+def _owns_store(pid: int, store_dir: Path) -> bool:
+    """A nats-server of this user's running on `store_dir`: one of this home's, whatever else it is."""
+    try:
+        cmd = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+    return _is_nats_server(pid) and "-sd" in cmd[:-1] and cmd[cmd.index("-sd") + 1] == str(store_dir)
 
 
 def stop_local(home: Path | None = None) -> bool:

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from proctor.confine import beneath
 from proctor.job import record, worktree
 from proctor.job.git import git
 from proctor.ledger import Ledger, LedgerError
@@ -66,22 +67,37 @@ class Footprint:
 
 
 def _du(path: Path) -> int:
+    """Bytes allocated under `path`, each directory opened beneath it with no symlink on the way (an
+    agent's link never makes gc count, or later remove, another tree)."""
+    try:
+        root = beneath.open_root(path)
+    except OSError:
+        return 0
     total = 0
-    stack = [path]
-    while stack:
-        d = stack.pop()
-        try:
-            with os.scandir(d) as it:
-                for e in it:
-                    try:
-                        st = e.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    total += st.st_blocks * 512
-                    if stat.S_ISDIR(st.st_mode):
-                        stack.append(Path(e.path))
-        except OSError:
-            continue
+    stack = [""]
+    try:
+        while stack:
+            rel = stack.pop()
+            try:
+                fd = beneath.open_beneath(root, rel, beneath.DIR_FLAGS) if rel else os.dup(root)
+            except OSError:
+                continue
+            try:
+                with os.scandir(fd) as it:
+                    for e in it:
+                        try:
+                            st = e.stat(follow_symlinks=False)
+                        except OSError:
+                            continue
+                        total += st.st_blocks * 512
+                        if stat.S_ISDIR(st.st_mode):
+                            stack.append(f"{rel}/{e.name}" if rel else e.name)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+    finally:
+        os.close(root)
     return total
 
 
@@ -117,14 +133,23 @@ def _registrations(repo: worktree.Repo, wt: Path) -> list[Path]:
     if not _real_dir(base):
         return []
     out = []
-    with os.scandir(base) as it:
-        for e in it:
-            try:
-                target = Path((Path(e.path) / "gitdir").read_text(errors="replace").strip())
-            except OSError:
-                continue
-            if e.is_dir(follow_symlinks=False) and target.parent == wt:
-                out.append(Path(e.path))
+    try:
+        fd = beneath.open_root(base)
+    except OSError:
+        return []
+    try:
+        with os.scandir(fd) as it:
+            for e in it:
+                if not e.is_dir(follow_symlinks=False):
+                    continue
+                try:
+                    raw = beneath.read_regular(fd, f"{e.name}/gitdir", 64 * 1024)
+                except OSError:
+                    continue
+                if Path(raw.decode("utf-8", "replace").strip()).parent == wt:
+                    out.append(base / e.name)
+    finally:
+        os.close(fd)
     return out
 
 

@@ -15,8 +15,10 @@ Owns the decision and the move, in this order, every refusal a code (proctor.rev
    compare-and-swap against the tip read in step 2: a target that moved meanwhile refuses, nothing moved.
 5. The main checkout's files change only when it is on the target branch and clean: then exactly as a
    checkout would (`read-tree -m -u`), checked by a dry run before the ref moves. It is refused when a
-   linked worktree has the target out, and when the repo's config names filter drivers (proctor never
-   runs them; a checkout without them would write their input, not their output).
+   linked worktree has the target out, when the repo's config names filter drivers (proctor never
+   runs them; a checkout without them would write their input, not their output), and when it would
+   overwrite or remove an untracked or ignored file of the person's (`would_lose`: git's checkout treats
+   ignored files as expendable). A change the target already holds lands nothing (no empty merge).
 
 No hook runs (core.hooksPath=/dev/null), no fsmonitor, no gc (gc.auto=0), no system or global config
 (proctor.job.git). A `review.land.start` row is written before the first write to the main repo, and a
@@ -26,12 +28,14 @@ No hook runs (core.hooksPath=/dev/null), no fsmonitor, no gc (gc.auto=0), no sys
 from __future__ import annotations
 
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from proctor.config import Config, ConfigError, load_config
+from proctor.confine import beneath
 from proctor.contract import check_ref
 from proctor.job import worktree
 from proctor.job.git import git
@@ -126,6 +130,108 @@ def checkout_state(repo: worktree.Repo, target: str) -> Checkout | Outcome:
     return Checkout(True)
 
 
+MAX_LOST_NAMES = 50
+
+
+def would_lose(repo: worktree.Repo, git_dir: Path, old: str, new: str) -> list[str] | Outcome:
+    """The untracked or ignored entries of the main checkout (clean, on the target at `old`) that moving its
+    files to `new` would overwrite or remove. `git read-tree -m -u` treats ignored files as expendable
+    (measured, git 2.39: an agent that emptied `.gitignore` and committed its own `.env` replaced the
+    developer's ignored `.env`), so the host looks first: for each path `new` adds, an untracked entry at
+    it, or at a directory on its way, or under it where a directory must become a file, is lost.
+
+    Only lstat, each entry reached beneath the checkout with no symlink on the way; tracked files are not
+    counted (the checkout is clean: their content is in `old`)."""
+    tracked = _entries(git_dir, old)
+    if isinstance(tracked, Outcome):
+        return tracked
+    res = git(["diff-tree", "-r", "-z", "--no-renames", "--name-only", "--diff-filter=ACMRT", old, new],
+              git_dir=git_dir)
+    if not res.ok:
+        return refuse(Code.GIT_FAILED, f"git diff-tree failed: {res.err}")
+    try:
+        root = beneath.open_root(repo.path)
+    except OSError as exc:
+        return refuse(Code.GIT_FAILED, f"cannot open the main checkout {repo.path}: {exc.strerror}")
+    lost: list[str] = []
+    try:
+        for raw in res.out.split(b"\0"):
+            if raw and len(lost) < MAX_LOST_NAMES:
+                lost += _lost_on_the_way(root, raw.decode("utf-8", "surrogateescape"), tracked)
+    finally:
+        os.close(root)
+    return sorted(set(lost))[:MAX_LOST_NAMES]
+
+
+def _entries(git_dir: Path, rev: str) -> dict[str, str] | Outcome:
+    res = git(["ls-tree", "-r", "-t", "-z", "--full-tree", rev], git_dir=git_dir)
+    if not res.ok:
+        return refuse(Code.GIT_FAILED, f"git ls-tree failed: {res.err}")
+    out = {}
+    for entry in res.out.split(b"\0"):
+        if entry:
+            meta, name = entry.split(b"\t", 1)
+            out[name.decode("utf-8", "surrogateescape")] = meta.split(b" ", 1)[0].decode()
+    return out
+
+
+def _lost_on_the_way(root: int, path: str, tracked: dict[str, str]) -> list[str]:
+    """What of the checkout's untracked entries writing `path` (a file, link or submodule dir) destroys."""
+    parts = path.split("/")
+    for i in range(1, len(parts) + 1):
+        here = "/".join(parts[:i])
+        mode = tracked.get(here)
+        if mode is not None and mode != "040000":
+            return []  # a tracked file or link: git replaces it, and its content is in the target's tip
+        try:
+            st = beneath.lstat(root, here)
+        except FileNotFoundError:
+            return []
+        except OSError:
+            return [here]  # cannot be told safe: named, not guessed
+        if not stat.S_ISDIR(st.st_mode):
+            return [] if mode is not None else [here]
+        if i == len(parts):  # a directory where a file goes: git empties it, ignored files and all
+            return _untracked_under(root, here, tracked)
+    return []
+
+
+def _untracked_under(root: int, top: str, tracked: dict[str, str]) -> list[str]:
+    out: list[str] = []
+    stack = [top]
+    while stack and len(out) < MAX_LOST_NAMES:
+        rel = stack.pop()
+        try:
+            fd = beneath.open_beneath(root, rel, beneath.DIR_FLAGS)
+        except OSError:
+            out.append(rel)
+            continue
+        try:
+            names = os.listdir(fd)
+        finally:
+            os.close(fd)
+        for name in sorted(names):
+            child = f"{rel}/{name}"
+            if tracked.get(child) == "040000":
+                stack.append(child)
+            elif child not in tracked:
+                out.append(child)
+    return out
+
+
+def _clobbers(objs: JobObjects, p: Plan, **details: Any) -> Outcome | None:
+    """A refusal naming the person's files the landing would destroy in the main checkout, or None."""
+    lost = would_lose(objs.repo, objs.git_dir, p.old, p.new)
+    if isinstance(lost, Outcome):
+        return refuse(lost.code, lost.reason, **details)
+    if not lost:
+        return None
+    return refuse(Code.CHECKOUT_WOULD_LOSE, f"landing into {p.target} would overwrite or remove untracked or "
+                  f"ignored files of the main checkout: {', '.join(lost[:10])}"
+                  f"{f' (+{len(lost) - 10} more)' if len(lost) > 10 else ''}; move them aside, or check out "
+                  "another branch and land", would_lose=lost, **details)
+
+
 @dataclass(frozen=True)
 class Plan:
     target: str
@@ -150,6 +256,8 @@ def plan(objs: JobObjects, job: Job, target: str, old: str, mode: Mode) -> Plan 
         return refuse(Code.NOT_FAST_FORWARD, f"{target} moved since the job's base ({objs.base[:12]} -> "
                       f"{old[:12]}): --ff-only cannot land it")
     if ff and mode in ("auto", "ff-only"):
+        if old == objs.commit:
+            return refuse(Code.NOTHING_TO_LAND, f"{target} is already at job {job.job_id}'s commit")
         return Plan(target, old, objs.commit, objs.tree, "ff")
     tree = objs.tree
     if not ff:
@@ -162,6 +270,10 @@ def plan(objs: JobObjects, job: Job, target: str, old: str, mode: Mode) -> Plan 
         if not merged.ok or not parts:
             return refuse(Code.GIT_FAILED, f"git merge-tree failed: {merged.err}")
         tree = parts[0]
+    if tree == _tree_at(gd, old):
+        # The target already holds the change (it landed another way, or the same edit was made there):
+        # a merge would be an empty commit that says something landed.
+        return refuse(Code.NOTHING_TO_LAND, f"{target} already holds job {job.job_id}'s change: nothing to land")
     message = f"Land proctor job {job.job_id} ({job.agent}): {job.ticket}\n"
     parents = ["-p", old] if mode == "squash" else ["-p", old, "-p", objs.commit]
     if mode == "squash":
@@ -241,10 +353,15 @@ def _land(ledger: Ledger, job: Job, into: str | None, mode: Mode, force: bool, r
     if job.checkout is None:
         return refuse(Code.OBJECTS_MISSING, f"job {job.job_id} has no worktree to land from")
     scratch = job.checkout.with_name(f".{job.checkout.name}.land")
-    if scratch.exists() and not worktree.remove_tree(scratch):
+    # The job's objects are read from beside it: a `{repo}-agents/` another user can write could swap them.
+    unsafe = beneath.private_dir(scratch.parent)
+    if unsafe:
+        return refuse(Code.UNSAFE_DIRECTORY, f"unsafe directory: {unsafe}; nothing was landed")
+    if os.path.lexists(scratch) and not worktree.remove_tree(scratch):
         return refuse(Code.REMOVE_FAILED, f"a stale {scratch} could not be removed")
     try:
-        (scratch / "host").mkdir(parents=True)
+        os.mkdir(scratch, 0o700)
+        os.mkdir(scratch / "host", 0o700)
     except OSError as exc:
         return refuse(Code.GIT_FAILED, f"cannot make {scratch}: {exc}")
     try:
@@ -274,6 +391,9 @@ def _in_scratch(ledger: Ledger, job: Job, scratch: Path, into: str | None, mode:
         return p
     details: dict[str, Any] = {"into": target, "old": p.old, "new": p.new, "tree": p.tree, "how": p.how,
                                "moved": p.old != objs.base, "not_landable": why}
+    lose = _clobbers(objs, p, **details) if state.on_target else None
+    if lose is not None:
+        return lose
     if p.tree != objs.tree:
         # The tree that would land is not the one the job validated: validate it before the ref moves.
         try:
@@ -307,6 +427,9 @@ def _in_scratch(ledger: Ledger, job: Job, scratch: Path, into: str | None, mode:
     state = checkout_state(objs.repo, target)
     if isinstance(state, Outcome):
         return refuse(state.code, state.reason, **details)
+    lose = _clobbers(objs, p, **details) if state.on_target else None  # the person may have made one since
+    if lose is not None:
+        return lose
     if state.on_target:
         dry = _main(objs.repo, ["read-tree", "-m", "-u", "-n", p.old, p.new])
         if not dry.ok:
@@ -326,7 +449,11 @@ def _in_scratch(ledger: Ledger, job: Job, scratch: Path, into: str | None, mode:
 
 
 def _tree_of(objs: JobObjects, rev: str) -> str | None:
-    res = git(["rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{tree}}"], git_dir=objs.git_dir)
+    return _tree_at(objs.git_dir, rev)
+
+
+def _tree_at(git_dir: Path, rev: str) -> str | None:
+    res = git(["rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{tree}}"], git_dir=git_dir)
     return res.text if res.ok else None
 
 

@@ -40,6 +40,8 @@ class Code(StrEnum):
     GIT_FAILED = "GIT_FAILED"  # host-side git failed (the reason says which command)
     REMOVE_FAILED = "REMOVE_FAILED"  # a job's files could not all be removed
     LEDGER_FAILED = "LEDGER_FAILED"  # the verb's ledger row could not be written: nothing was done
+    CHECKOUT_WOULD_LOSE = "CHECKOUT_WOULD_LOSE"  # landing would overwrite or remove an untracked/ignored file
+    UNSAFE_DIRECTORY = "UNSAFE_DIRECTORY"  # `{repo}-agents/` is another user's or writable by others
 
 
 @dataclass

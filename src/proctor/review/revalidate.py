@@ -29,6 +29,7 @@ from typing import Any
 
 from proctor import confine
 from proctor.config import Config
+from proctor.evidence.instrument import instrument, strip_bytecode
 from proctor.job import environment, frozen, landing, record, validate, worktree
 from proctor.job.git import unredirected_env
 from proctor.job.process import LocalRunner, ProcessRunner
@@ -145,6 +146,11 @@ def _run(s: Subject, config: Config, confiner: confine.Confiner, plan: validate.
     if made is not None:
         out.reason = f"validation not run: {made.reason}"
         return None
+    try:
+        strip_bytecode(s.checkout)
+    except OSError as exc:
+        out.reason = f"validation not run: the tree's bytecode could not be removed: {exc}"
+        return None
     env = {**unredirected_env(), "PROCTOR_JOB_ID": s.job_id, "TMPDIR": str(tmpdir)}
     jenv = environment.prepare(s.checkout, s.repo.path, plan, cfg, tmp=tmpdir, env=env,
                                bind="bwrap" in confiner.name)
@@ -158,22 +164,30 @@ def _run(s: Subject, config: Config, confiner: confine.Confiner, plan: validate.
     if isinstance(roots, confine.Unavailable):
         out.reason = f"validation not run: {roots.reason}"
         return None
-    if jenv.ro_binds:
-        roots = dataclasses.replace(roots, ro_binds=jenv.ro_binds)
+    # Judged on the runner's evidence as the job's validation is (proctor.evidence): the merged tree runs
+    # the agent's code, so its exit code is the agent's word too.
+    try:
+        inst = instrument(tmpdir.parent / f"{name}-evidence", tmpdir, {**env, **jenv.env})
+    except OSError as exc:
+        out.reason = f"validation not run: its evidence reporter could not be laid out: {exc}"
+        return None
+    roots = dataclasses.replace(roots, ro_binds=(*jenv.ro_binds, (inst.plugin_dir, inst.plugin_dir)))
     steps = []
     for step in plan.steps:
         wrapped = confiner.wrap(list(step.argv), roots)
         if isinstance(wrapped, confine.Unavailable):
             out.reason = f"validation not run: {wrapped.reason}"
             return None
-        steps.append(validate.Step(step.label, tuple(wrapped.argv)))
+        steps.append(validate.Step(step.label, tuple(wrapped.argv), step.argv))
     unconfined = "confinement is off: the merged tree's validation ran unconfined"
     if confiner.name == "none" and unconfined not in out.risks:
         out.risks.append(unconfined)
     out.ran = True
-    return validate.run(validate.Plan(tuple(steps)), runner, cwd=s.checkout, env={**env, **jenv.env},
+    changed = frozenset(_changed(s))
+    checks = validate.Evidence(inst, s.checkout, lambda p: p in changed and not frozen.is_test_defining(p))
+    return validate.run(validate.Plan(tuple(steps)), runner, cwd=s.checkout, env={**env, **jenv.env, **inst.env},
                         timeout_s=config.validate_timeout, name=f"{name}-{s.job_id}", poll=poll,
-                        log=Path(out.log) if out.log else None)
+                        log=Path(out.log) if out.log else None, checks=checks)
 
 
 def _judge(run: validate.Run, out: Revalidation, suffix: str, timeout: float) -> bool:
@@ -186,8 +200,11 @@ def _judge(run: validate.Run, out: Revalidation, suffix: str, timeout: float) ->
     failed = [a for a in run.attempts if not a.passed]
     if failed:
         first = failed[0]
-        why = " (no test ran)" if first.exit_code == PYTEST_NO_TESTS and first.label.endswith("-m pytest") else ""
+        why = " (no test ran)" if first.exit_code == PYTEST_NO_TESTS and first.label.endswith("-m pytest") else (
+            f" ({first.failure})" if first.failure else "")
         out.passed, out.reason = False, f"validation failed{suffix}: {first.line(timeout)}{why}"
         return False
+    for a in run.attempts:
+        out.risks += [f"{r}{suffix}" for r in a.risks if f"{r}{suffix}" not in out.risks]
     out.passed, out.reason = True, ""
     return True
