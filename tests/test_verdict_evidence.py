@@ -133,7 +133,6 @@ def test_an_exit_code_the_evidence_contradicts_fails_validation(tmp_path, name):
 @needs_confinement
 @pytest.mark.parametrize("name", CAUGHT_BY_HOLDOUT)
 def test_held_out_original_test_fails_the_cheat_and_passes_the_honest_fix(tmp_path, name):
-    repo = make_repo(tmp_path, {**SPEC, "tests/test_calc.py": ORIGINAL_TEST})
     hidden = tmp_path / "holdout"
     (hidden / "tests").mkdir(parents=True)
     (hidden / "tests" / "test_calc.py").write_text(ORIGINAL_TEST)

@@ -159,6 +159,26 @@ class LayeredConfiner:
         }
 
 
+def programs_of(argv: Sequence[str], path: str | None = None) -> list[str]:
+    """The executables an argv runs: its program on `path` (default: this process's PATH), later tokens
+    naming an executable file (`env -C DIR /venv/bin/python ...`), and the `#!` interpreter of each."""
+    found = [shutil.which(argv[0], path=path) if argv and os.sep not in argv[0] else (argv[0] if argv else None)]
+    found += [t for t in argv[1:] if t.startswith("/") and os.path.isfile(t) and os.access(t, os.X_OK)]
+    out: list[str] = []
+    for prog in (p for p in found if p):
+        out.append(prog)
+        try:
+            with open(prog, "rb") as fh:
+                head = fh.readline(512)
+        except OSError:
+            continue
+        if head.startswith(b"#!"):
+            interp = head[2:].strip().split(b" ")[0].decode("utf-8", "replace")
+            if interp.startswith("/"):
+                out.append(interp)
+    return out
+
+
 def exec_roots(argv: Sequence[str]) -> tuple[Path, ...]:
     """What the programs of `argv` need that the private tmpfs would hide: their install roots, read-only.
 
@@ -167,23 +187,7 @@ def exec_roots(argv: Sequence[str]) -> tuple[Path, ...]:
     executable file (`env -C DIR /venv/bin/python ...`). `<root>/bin/<exe>` grants `<root>` (a venv needs
     its pyvenv.cfg and lib/), anything else its own folder; never a whole tmpfs dir.
     """
-    programs = []
-    first = shutil.which(argv[0]) if argv and os.sep not in argv[0] else (argv[0] if argv else None)
-    if first:
-        programs.append(first)
-    programs += [t for t in argv[1:] if t.startswith("/") and os.path.isfile(t) and os.access(t, os.X_OK)]
-    paths: list[Path] = []
-    for prog in programs:
-        paths.append(Path(os.path.abspath(prog)))
-        try:
-            with open(prog, "rb") as fh:
-                head = fh.readline(512)
-        except OSError:
-            continue
-        if head.startswith(b"#!"):
-            interp = head[2:].strip().split(b" ")[0].decode("utf-8", "replace")
-            if interp:
-                paths.append(Path(interp))
+    paths = [Path(os.path.abspath(p)) for p in programs_of(argv)]
     tmpfs = {Path(d) for d in tmpfs_dirs()}
     roots: list[Path] = []
     for p in paths:

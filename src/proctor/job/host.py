@@ -28,6 +28,7 @@ from proctor.adapters.output import Backend, Usage
 from proctor.adapters.spec import AdapterSpec, Invocation, Refused, build, pool_key
 from proctor.config import Config, ConfigError, load_config
 from proctor.confine.egress import EgressProxy
+from proctor.confine.plan import programs_of
 from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status
 from proctor.evidence import holdout as held
 from proctor.evidence import preempt, recipe, signals
@@ -676,7 +677,7 @@ def _confine(job: _Job, confiner: confine.Confiner, wt: worktree.Worktree, argv:
             return confine.Unavailable(f"the egress proxy did not start: {exc}")
         roots = dataclasses.replace(roots, egress_socket=proxy.socket_path, egress=spec.egress)
     job.confiner = confiner
-    programs = sandbox_home.programs_of(argv, env.get("PATH"))
+    programs = programs_of(argv, env.get("PATH"))
     hidden = _hide_home(job, roots, programs)
     if isinstance(hidden, confine.Unavailable):
         return hidden

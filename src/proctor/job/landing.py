@@ -207,7 +207,7 @@ def _ignored(git_dir: Path, work_tree: Path, index: Path, paths: list[str]) -> t
     return tuple(p.decode("utf-8", "surrogateescape") for p in res.out.split(b"\0") if p)
 
 
-def _tree_entries(git_dir: Path, tree: str) -> dict[str, str] | Failure:
+def tree_entries(git_dir: Path, tree: str) -> dict[str, str] | Failure:
     """path -> mode for every entry of `tree`, directories included."""
     res = git(["ls-tree", "-r", "-t", "-z", "--full-tree", tree], git_dir=git_dir)
     if not res.ok:
@@ -292,7 +292,7 @@ def materialise(work_tree: Path, git_dir: Path, tree: str, index: Path, *, trust
     This is how the host turns the directory an agent (or validation, which runs agent code) wrote into a
     checkout of the job's commit without writing every file again: a fresh checkout of each tree was
     1.6 s for 2,000 files on this machine, and a job needs three."""
-    entries = _tree_entries(git_dir, tree)
+    entries = tree_entries(git_dir, tree)
     if isinstance(entries, Failure):
         return entries
     try:

@@ -348,23 +348,3 @@ def _replace(target: Path, data: bytes) -> bool:
     except OSError:
         return False
     return True
-
-
-def programs_of(argv: Sequence[str], path: str | None) -> list[str]:
-    """The executables an argv runs: its program on `path`, later tokens naming an executable file, and
-    the `#!` interpreter of each."""
-    found = [shutil.which(argv[0], path=path) if argv and os.sep not in argv[0] else (argv[0] if argv else None)]
-    found += [t for t in argv[1:] if t.startswith("/") and os.path.isfile(t) and os.access(t, os.X_OK)]
-    out: list[str] = []
-    for prog in (p for p in found if p):
-        out.append(prog)
-        try:
-            with open(prog, "rb") as fh:
-                head = fh.readline(512)
-        except OSError:
-            continue
-        if head.startswith(b"#!"):
-            interp = head[2:].strip().split(b" ")[0].decode("utf-8", "replace")
-            if interp.startswith("/"):
-                out.append(interp)
-    return out

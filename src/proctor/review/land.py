@@ -39,7 +39,7 @@ from proctor.confine import beneath
 from proctor.contract import check_ref
 from proctor.job import worktree
 from proctor.job.git import git
-from proctor.job.landing import COMMIT_ENV
+from proctor.job.landing import COMMIT_ENV, tree_entries
 from proctor.ledger import Ledger, LedgerError
 from proctor.policy.stop import StopSwitch
 from proctor.review import revalidate
@@ -164,15 +164,8 @@ def would_lose(repo: worktree.Repo, git_dir: Path, old: str, new: str) -> list[s
 
 
 def _entries(git_dir: Path, rev: str) -> dict[str, str] | Outcome:
-    res = git(["ls-tree", "-r", "-t", "-z", "--full-tree", rev], git_dir=git_dir)
-    if not res.ok:
-        return refuse(Code.GIT_FAILED, f"git ls-tree failed: {res.err}")
-    out = {}
-    for entry in res.out.split(b"\0"):
-        if entry:
-            meta, name = entry.split(b"\t", 1)
-            out[name.decode("utf-8", "surrogateescape")] = meta.split(b" ", 1)[0].decode()
-    return out
+    got = tree_entries(git_dir, rev)
+    return refuse(Code.GIT_FAILED, got.reason) if isinstance(got, worktree.Failure) else got
 
 
 def _lost_on_the_way(root: int, path: str, tracked: dict[str, str]) -> list[str]:
