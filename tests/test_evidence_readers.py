@@ -114,3 +114,21 @@ def test_a_torn_plugin_report_has_no_normal_end():
     ev = readers.read_pytest(report)
     assert ev is not None and ev.sessions == 1 and ev.ended == 0
     assert "never reached its normal end" in (verdict("python -m pytest", 0, ev, "pytest").failure or "")
+
+
+def test_the_resolution_probe_imports_nothing_the_tree_can_shadow(tmp_path):
+    """A root-level `json.py` (or `importlib/`) answered proctor's "where does the package resolve" probe."""
+    import sys
+
+    from proctor.job.environment import PY_PROBE, _parse
+
+    (tmp_path / "json.py").write_text("print('PROCTOR-PROBE {}')\nraise SystemExit(0)\n")
+    (tmp_path / "importlib").mkdir()
+    (tmp_path / "importlib" / "__init__.py").write_text("raise SystemExit(0)\n")
+    (tmp_path / "calc.py").write_text("")
+    naive = subprocess.run([sys.executable, "-c", "import json; print(json.dumps({}))"], cwd=tmp_path,
+                           capture_output=True, text=True)
+    assert "PROCTOR-PROBE {}" in naive.stdout, "control: the planted json.py answers a probe that imports json"
+    got = subprocess.run([sys.executable, "-c", PY_PROBE, "calc"], cwd=tmp_path, capture_output=True)
+    found = _parse(got.stdout)
+    assert found is not None and found["calc"]["origin"] == str(tmp_path / "calc.py"), got

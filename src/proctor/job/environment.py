@@ -27,6 +27,7 @@ without the main checkout's `node_modules`, and `$HOME` was not writable. The ru
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shlex
@@ -493,12 +494,17 @@ def apply(jenv: JobEnvironment) -> str | None:
 
 # -- check -----------------------------------------------------------------------------------------------
 
+# The probe runs with the tree first on the import path: a root-level `json.py` answered it and removed the
+# editable-install risk (found in review). So it imports nothing a file can shadow: `sys` is built in, the
+# finder is the frozen importlib already loaded, and its answer is a Python literal (repr, a builtin) that
+# the host reads with ast.literal_eval. Node's probe: `fs` and `path` are core modules, never from the tree.
 PY_PROBE = """
-import importlib.util, json, sys
+import sys
+find = sys.modules["_frozen_importlib"]._find_spec
 out = {}
 for name in sys.argv[1:]:
     try:
-        spec = importlib.util.find_spec(name)
+        spec = find(name, None)
     except Exception as exc:
         out[name] = {"error": repr(exc)[:300]}
         continue
@@ -507,7 +513,7 @@ for name in sys.argv[1:]:
         continue
     locs = list(spec.submodule_search_locations or [])
     out[name] = {"origin": spec.origin, "locations": locs}
-print("PROCTOR-PROBE " + json.dumps(out))
+print("PROCTOR-PROBE " + repr(out))
 """
 
 NODE_PROBE = """
@@ -551,9 +557,10 @@ def probes(jenv: JobEnvironment, env: Mapping[str, str]) -> list[tuple[str, list
 def _parse(raw: bytes) -> dict | None:
     for line in raw.decode("utf-8", "replace").splitlines():
         if line.startswith("PROCTOR-PROBE "):
+            text = line[len("PROCTOR-PROBE "):]
             try:
-                val = json.loads(line[len("PROCTOR-PROBE "):])
-            except ValueError:
+                val = json.loads(text) if text.startswith("{\"") or text == "{}" else ast.literal_eval(text)
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
                 return None
             return val if isinstance(val, dict) else None
     return None
