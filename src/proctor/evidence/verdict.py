@@ -38,7 +38,11 @@ def judge(label: str, exit_code: int | None, evidence: Evidence | None, expected
     """`expected`: the evidence source the step must leave (instrument.expects). `agent_code(path)`: the
     path (relative to `root`, the checkout) is code the agent changed and not a test-defining file."""
     if exit_code != 0:
-        return Judgement()  # the exit code already fails it; the counts ride along in the record
+        # The exit code already fails it; a run cut short says so too (a crash is not a test failure).
+        ev = evidence
+        if ev is not None and ev.sessions > ev.ended:
+            return Judgement(f"its test session never reached its normal end ({ev.ended} of {ev.sessions} ended)")
+        return Judgement()
     if evidence is None:
         if expected is not None:
             return Judgement(f"{label} exited 0 but its runner reported no test session ({expected} evidence "

@@ -66,7 +66,7 @@ class Attempt:
             return f"{self.label} => timed out after {timeout_s:.0f}s"
         if self.exit_code is None:
             return f"{self.label} => did not start"
-        if self.failure is not None:
+        if self.failure is not None and self.exit_code == 0:
             return f"{self.label} => exit {self.exit_code}, but the evidence says failed"
         return f"{self.label} => exit {self.exit_code}"
 
