@@ -5,11 +5,15 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test system-deps agent-clis bench clean
 
+# pip's own lines are shown (Collecting / Downloading, a package a line): a silent minute read as a hang
+# (issue 24).
 $(STAMP): pyproject.toml
+	@echo "make: creating $(VENV) and installing proctor with its test dependencies (once; about a minute)"
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install --progress-bar off -e '.[test]'
 	touch $(STAMP)
+	@echo "make: installed into $(VENV)"
 
 demo: $(STAMP)
 	$(PY) scripts/demo.py

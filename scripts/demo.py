@@ -37,6 +37,8 @@ def git(*args: str, cwd: Path) -> None:
 
 def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="proctor-demo-"))
+    print(f"demo: a throw-away repo in {root} and two offline jobs of the `patch` agent (its task is a unified "
+          "diff): one fixes the failing test, one breaks it; each takes a few seconds", file=sys.stderr, flush=True)
     repo = root / "calc"
     repo.mkdir()
     (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")

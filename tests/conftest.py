@@ -30,6 +30,22 @@ def proctor_home(tmp_path_factory, monkeypatch) -> Path:
     return home
 
 
+def wait_until(ready, bound_s: float, what: str, step_s: float = 0.02):  # type: ignore[no-untyped-def]
+    """Poll `ready()` until it is truthy and return its value; fail after `bound_s`. The bound only keeps a
+    broken run from hanging: it is never the property under test (latency is measured in bench/), so it is
+    generous enough for a loaded machine (issue 24)."""
+    import time
+
+    deadline = time.monotonic() + bound_s
+    while True:
+        got = ready()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            pytest.fail(f"waited {bound_s:.0f} s for {what}")
+        time.sleep(step_s)
+
+
 def sh(*args: str, cwd: Path | None = None) -> str:
     return subprocess.run(args, cwd=cwd, check=True, capture_output=True, text=True).stdout
 

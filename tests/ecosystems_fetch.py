@@ -299,7 +299,11 @@ class Edit:
         """A shell command that makes this edit (an agent's whole work), failing if the text is absent."""
         import shlex
 
-        return " ".join(shlex.quote(x) for x in (sys.executable, "-c", EDIT, self.path, frm, to))
+        # The base interpreter, not this venv's python: the agent runs it inside the sandbox, whose private
+        # /tmp hides a venv made in a clone under /tmp (the shell string is opaque to the sandbox's exec
+        # roots; measured: every job exited 127, issue 24). EDIT needs nothing but the stdlib.
+        python = os.path.realpath(sys.executable)
+        return " ".join(shlex.quote(x) for x in (python, "-c", EDIT, self.path, frm, to))
 
     @property
     def fix(self) -> str:

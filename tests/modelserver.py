@@ -15,10 +15,12 @@ claude: `Write`; gemini: `run_shell_command`); otherwise -> a short plain answer
 `fail=401` (or any status) answers every model request with that status and the protocol's error body,
 whose message carries `ERROR_MARK`.
 
-HTTPS only, with a throw-away CA (`ca_file`) made here: claude and codex send plain-http requests to an
-HTTP proxy in absolute form, which proctor's egress proxy refuses (it tunnels CONNECT only); for https every
-CLI opens a CONNECT tunnel. Point NODE_EXTRA_CA_CERTS (claude, gemini) or CODEX_CA_CERTIFICATE (codex) at
-`ca_file`. Stdlib plus `cryptography` (a proctor dependency); usable outside pytest.
+HTTPS by default, with a throw-away CA (`ca_file`) made here: every CLI opens a CONNECT tunnel through
+proctor's egress proxy. Point NODE_EXTRA_CA_CERTS (claude, gemini) or CODEX_CA_CERTIFICATE (codex) at
+`ca_file`. `tls=False` is a local model server as most people run one (Ollama, vLLM, LM Studio): plain HTTP,
+`url` http://, no CA, and its streamed answers sent with chunked transfer encoding, one server-sent event a
+chunk, as those servers do (claude and codex send such requests to the proxy in absolute form).
+Stdlib plus `cryptography` (a proctor dependency); usable outside pytest.
 """
 
 from __future__ import annotations
@@ -118,6 +120,12 @@ def _sse(events: list[tuple[str | None, dict]]) -> bytes:
     return "".join(out).encode()
 
 
+def _events(data: bytes) -> list[bytes]:
+    """A server-sent-events body cut after each event's blank line: one chunk each."""
+    parts = re.split(rb"(?<=\n\n)|(?<=\r\n\r\n)", data)
+    return [p for p in parts if p]
+
+
 def _text_of(value: Any) -> str:
     """Every string inside a JSON value, joined: where a tool's output hides in a CLI's request."""
     if isinstance(value, str):
@@ -159,7 +167,7 @@ class ScriptedModel:
     to `log_file` as JSON lines when given)."""
 
     def __init__(self, directory: Path, action: WriteFile = WriteFile(), *, fail: int | None = None,
-                 final_text: str = FINAL_TEXT, log_file: Path | None = None) -> None:
+                 final_text: str = FINAL_TEXT, log_file: Path | None = None, tls: bool = True) -> None:
         self.directory = directory
         self.action = action
         self.fail = fail
@@ -168,11 +176,15 @@ class ScriptedModel:
         self.requests: list[Logged] = []
         self.call_ids: set[str] = set()
         self._lock = threading.Lock()
-        self.ca_file, cert, key = make_tls(directory / "tls")
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(cert, key)
-        ctx.set_alpn_protocols(["http/1.1"])
-        self._ctx = ctx
+        self.tls = tls
+        self.ca_file: Path | None = None
+        self._ctx: ssl.SSLContext | None = None
+        if tls:
+            self.ca_file, cert, key = make_tls(directory / "tls")
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(cert, key)
+            ctx.set_alpn_protocols(["http/1.1"])
+            self._ctx = ctx
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -192,15 +204,18 @@ class ScriptedModel:
 
         class Server(ThreadingHTTPServer):
             daemon_threads = True
+            block_on_close = False  # close() never joins a handler still reading an idle keep-alive socket
 
             def get_request(self):  # type: ignore[no-untyped-def]
                 sock, addr = self.socket.accept()
                 sock.settimeout(30)
+                if outer._ctx is None:
+                    return sock, addr
                 return outer._ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
 
         self.server = Server(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
-        self.url = f"https://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         self.endpoint = f"127.0.0.1:{self.port}"  # an adapter `egress` entry
         self._thread = threading.Thread(target=self.server.serve_forever, name="scripted-model", daemon=True)
 
@@ -212,7 +227,11 @@ class ScriptedModel:
         self.close()
 
     def close(self) -> None:
-        self.server.shutdown()
+        # shutdown() waits for serve_forever to notice, forever if it never ran (a test that failed between
+        # building the model and `with model:`): that wait ended only at pytest-timeout's 300 s.
+        if self._thread.is_alive():
+            self.server.shutdown()
+            self._thread.join(10)
         self.server.server_close()
 
     # --- reading the log ------------------------------------------------------------------------------
@@ -257,12 +276,18 @@ class ScriptedModel:
                 fh.write(json.dumps(asdict(entry)) + "\n")
         h.send_response(status)
         h.send_header("content-type", ctype)
-        h.send_header("content-length", str(len(data)))
+        chunked = not self.tls and ctype == "text/event-stream"
+        h.send_header(*(("transfer-encoding", "chunked") if chunked else ("content-length", str(len(data)))))
         if ctype == "text/event-stream":
             h.send_header("cache-control", "no-cache")
         h.end_headers()
-        if h.command != "HEAD":
-            h.wfile.write(data)
+        if h.command == "HEAD":
+            return
+        for part in _events(data) if chunked else [data]:
+            h.wfile.write(b"%x\r\n%s\r\n" % (len(part), part) if chunked else part)
+            h.wfile.flush()
+        if chunked:
+            h.wfile.write(b"0\r\n\r\n")
             h.wfile.flush()
 
     def _new_call_id(self, prefix: str) -> str:

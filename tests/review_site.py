@@ -1,5 +1,7 @@
 """A real `proctor serve --no-queue` for the review page's tests: a subprocess on a free loopback port, with
-this test's PROCTOR_HOME and PATH (fake agent CLIs), and its sign-in address read from its stderr."""
+this test's PROCTOR_HOME and PATH (fake agent CLIs), and its sign-in address (a one-time code) read from its
+stderr. The page lives under its secret path, `prefix` (/review/<scope>): a client signs in with the token
+in a POST body, as a person pasting it would."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from proctor.web.access import Access
 
 PROCTOR = Path(sys.executable).with_name("proctor")
 
@@ -38,7 +42,7 @@ class Server:
             for raw in self.proc.stderr:
                 line = raw.decode("utf-8", "replace")
                 self.err.append(line)
-                m = re.search(r"review page: (http://\S+)", line)
+                m = re.search(r"review page: (http://\S+)", line)  # printed once the socket listens
                 if m:
                     self.login_url = m.group(1)
                     got.set()
@@ -46,7 +50,8 @@ class Server:
         threading.Thread(target=read, daemon=True).start()
         assert got.wait(30), f"proctor serve printed no sign-in address: {''.join(self.err)}"
         self.base = f"http://127.0.0.1:{self.port}"
-        self.token = self.login_url.split("token=", 1)[1]
+        self.token = (Path(os.environ["PROCTOR_HOME"]) / "review-token").read_text().strip()
+        self.prefix = f"/review/{Access(self.token).scope}"  # the page's secret path (proctor.web.access)
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -60,9 +65,14 @@ class Server:
     def client(self, signed_in: bool = True) -> httpx.Client:
         c = httpx.Client(base_url=self.base, timeout=120, follow_redirects=False)
         if signed_in:
-            r = c.get(f"/review/login?token={self.token}")
+            r = c.post("/review/login", data={"token": self.token})
             assert r.status_code == 303, r.text
+            assert r.headers["location"] == self.prefix
         return c
+
+    def url(self, path: str = "") -> str:
+        """A page's address under the secret path (`path` "" the list, "/jobs/ID" a job)."""
+        return self.base + self.prefix + path
 
     def stop(self) -> None:
         self.proc.terminate()

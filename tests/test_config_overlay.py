@@ -40,7 +40,7 @@ def test_env_only_table_overlays_the_builtin_and_reaches_the_agent(tmp_path, rep
 def test_control_a_new_name_with_only_env_is_still_refused_clearly(tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text('[agents.mine]\nenv = { A = "1" }\n')
-    with pytest.raises(ConfigError, match=r"\[agents.mine\] command: Field required"):
+    with pytest.raises(ConfigError, match=r"agents\.mine\.command: missing"):
         load_config(cfg)
 
 

@@ -154,7 +154,8 @@ def test_tunnel_to_a_declared_literal_and_decisions(sockdir: Path, upstream: Ups
         s.close()
         _, refused = _client(proxy.socket_path, _connect(f"127.0.0.1:{upstream.port + 1}"))
         assert refused.startswith(b"HTTP/1.1 403 ")
-        _, get = _client(proxy.socket_path, b"GET http://127.0.0.1/ HTTP/1.1\r\nHost: x\r\n\r\n")
+        # Not a proxy request at all (origin-form): plain http:// requests are test_egress_http.py's.
+        _, get = _client(proxy.socket_path, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         assert get.startswith(b"HTTP/1.1 405 ")
     assert not proxy.socket_path.exists()
     assert [(d["allowed"], d["port"]) for d in decisions] == [(True, upstream.port), (False, upstream.port + 1),

@@ -26,8 +26,11 @@ def test_a_held_call_waits_for_a_person_and_a_grant_is_used_once(repo, config, p
     [pending] = held.gate["pending"]
     assert pending["tool"] == "Write" and pending["call_id"] == "toolu_1"
 
-    p = subprocess.run([PROCTOR, "approve", held.job_id, "toolu_1", "--reason", "reviewed"],
-                       capture_output=True, text=True, env=os.environ)
+    shown = subprocess.run([PROCTOR, "approve", held.job_id, "toolu_1"], capture_output=True, text=True)
+    assert shown.returncode == 1 and "nothing granted" in shown.stderr, shown  # shown first, never granted blind
+    assert "tool:     Write" in shown.stdout and pending["input_sha256"] in shown.stdout, shown.stdout
+    p = subprocess.run([PROCTOR, "approve", held.job_id, "toolu_1", "--reason", "reviewed",
+                        "--digest", pending["input_sha256"][:16]], capture_output=True, text=True, env=os.environ)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["granted"] is True
 

@@ -198,7 +198,7 @@ def test_the_dialect_maps_codexs_hook_input_and_answers_in_its_form():
     assert DIALECTS["codex"] is CodexDialect and builtin_agents()["codex"].gate == "codex"
     d = CodexDialect()
     patch = ("*** Begin Patch\n*** Add File: a.txt\n+x\n*** Update File: sub/b.py\n*** Move to: c.py\n@@\n"
-             "*** End Patch\n")
+             "-old\n+new\n*** End Patch\n")  # (an update chunk with no lines is no patch to codex)
     call, ok = decided(d, {"tool_name": "apply_patch", "tool_input": {"command": patch}, "cwd": "/wt/pkg",
                            "tool_use_id": "exec-1"})
     assert call == {"tool": "apply_patch", "arguments": {"command": patch}, "call_id": "exec-1",

@@ -24,7 +24,7 @@ from proctor.adapters.output import read_gemini_stream
 from proctor.config import load_config
 from proctor.contract import Code, RunAgentRequest, Status
 from proctor.job.gate_gemini import GeminiDialect
-from proctor.job.gatekeeper import default_task, input_digest
+from proctor.job.gatekeeper import HOOK_CLIENT, default_task, input_digest
 from proctor.job.host import run_agent
 from proctor.policy.gate import CallVerdict, Decision, GateCode
 from proctor.policy.task import AgentTask
@@ -103,7 +103,8 @@ def test_a_repos_own_settings_cannot_switch_the_gate_off_or_rewrite_the_call(tmp
     calls = calls_of(job)
     assert [(c["tool"], c["code"]) for c in calls] == [("run_shell_command", "OK")], calls
     asked = next(q.tool_call["input"] for q in job.model.requests if q.reply == "tool_call")
-    assert calls[0]["input_sha256"] == input_digest(asked, Path(r["worktreePath"])), (asked, calls)
+    assert calls[0]["input_sha256"] == input_digest(asked, Path(r["worktreePath"]), tool=calls[0]["tool"]), \
+        (asked, calls)
 
 
 # -- the real CLI, run directly in a sandbox like the job's: what a broken hook does ---------------------
@@ -132,6 +133,7 @@ def gemini_direct(tmp_path: Path, hook: list[str], task: AgentTask | None = None
     auth = {"security": {"auth": {"selectedType": "gemini-api-key"}}}  # the user's own settings: they still load
     (home / ".gemini" / "settings.json").write_text(json.dumps(auth))
     gate.mkdir(mode=0o700)
+    shutil.copyfile(HOOK_CLIENT, gate / "hook_client.py")  # where GateService.start puts it
     dialect = GeminiDialect()
     if kill_after_s is not None:
         dialect.kill_after_s = kill_after_s
@@ -157,10 +159,13 @@ def gemini_direct(tmp_path: Path, hook: list[str], task: AgentTask | None = None
     return done, model, results, repo
 
 
+# The interpreter as GateService.hook_command names it (its real path): a venv's python in a clone under
+# /tmp is hidden by the sandbox's private /tmp, and every broken hook would fail as "cannot start" (issue 24).
+PYTHON = os.path.realpath(sys.executable)
 BROKEN = {
-    "crashes": [sys.executable, "-c", "import sys; sys.exit(1)"],  # gemini alone: "non-blocking", the tool runs
-    "is killed": [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
-    "hangs": [sys.executable, "-c", "import time; time.sleep(600)"],
+    "crashes": [PYTHON, "-c", "import sys; sys.exit(1)"],  # gemini alone: "non-blocking", the tool runs
+    "is killed": [PYTHON, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+    "hangs": [PYTHON, "-c", "import time; time.sleep(600)"],
     "cannot start": ["/nonexistent/python3"],
 }
 
@@ -178,8 +183,8 @@ def test_a_hook_that_fails_denies_the_call(tmp_path, how):
 
 @pytest.mark.realcli
 def test_the_hook_client_with_its_gate_gone_denies_in_the_real_cli(tmp_path):
-    client = Path(__file__).resolve().parents[1] / "src" / "proctor" / "hook_client.py"
-    hook = [sys.executable, "-I", "-S", str(client), str(tmp_path / "gone.sock"), "gemini"]
+    client = tmp_path / "gate" / "hook_client.py"  # gemini_direct copies it there, as a job has it
+    hook = [PYTHON, "-I", "-S", str(client), str(tmp_path / "gone.sock"), "gemini"]
     done, model, results, repo = gemini_direct(tmp_path, hook)
     assert not (repo / ACTION.name).exists() and [r["status"] for r in results] == ["error"], results
     assert "[proctor GATE_UNAVAILABLE] FileNotFoundError" in results[0]["error"]["message"], results
@@ -281,8 +286,9 @@ def test_hook_json_becomes_the_gates_call_with_paths(tmp_path):
     assert call("run_shell_command", {"command": "ls", "dir_path": "/tmp"})["paths"] == ["/tmp"]
     assert call("run_shell_command", {"command": "ls"})["paths"] == []
     assert call("list_directory", {})["paths"] == [str(wt)]
-    assert call("glob", {"pattern": "/etc/*"})["paths"] == ["/etc/*"]
-    assert call("read_many_files", {"include": ["a", "../b"]})["paths"] == ["a", "../b"]
+    # A glob is checked where its walk starts, and as the literal path it is when one exists.
+    assert call("glob", {"pattern": "/etc/*"})["paths"] == ["/etc", "/etc/*"]
+    assert call("read_many_files", {"include": ["a", "../b"]})["paths"] == [f"{wt}/a", f"{wt.parent}/b"]
     assert call("web_fetch", {"prompt": "https://x"})["paths"] == []
     # No call id in gemini's hook input: the n-th hooked call of a tool, as its stream names them.
     assert call("run_shell_command", {"command": "ls"})["call_id"] == "run_shell_command#3"

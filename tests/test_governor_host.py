@@ -168,13 +168,14 @@ def test_a_run_that_never_launched_gives_its_booking_back(tmp_path, fake, procto
                          '[budgets.gone]\nagent = "gone"\nruns_per_hour = 1\n[budgets.here]\nagent = "here"\n'
                          'runs_per_hour = 1\n')
     config = load_config(cfg)
+    # A program that is not there is refused before anything is booked (issue 24: before any sandbox).
     gone = run_agent(request(make_repo(tmp_path / "a"), "gone"), config=config)
-    assert gone.code is Code.AGENT_NOT_FOUND and gone.budget["how"] == "released"
+    assert gone.code is Code.AGENT_NOT_FOUND and gone.budget is None and gone.attempts == 0
     assert limit(usage_json(), "gone", "runs_per_hour")["spent"] == 0
-    assert rows(proctor_home, "usage.released")[0]["jobId"] == gone.job_id
-    # So the unit is still there for the next job of that pool: it is booked (and released again).
+    assert rows(proctor_home, "usage.booked") == []
+    # So the unit is still there for the next job of that pool.
     again = run_agent(request(make_repo(tmp_path / "b"), "gone"), config=config)
-    assert again.code is Code.AGENT_NOT_FOUND and again.budget["how"] == "released"
+    assert again.code is Code.AGENT_NOT_FOUND and again.budget is None
     # Control: a run that launched keeps its unit.
     fake("here", Behaviour(writes=WRITES))
     here = run_agent(request(make_repo(tmp_path / "c"), "here"), config=config)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 
 import httpx
 import pytest
@@ -14,6 +15,7 @@ from conftest import serve_in_thread
 from hypothesis import HealthCheck, given, settings
 
 from proctor.api.app import create_app
+from proctor.api.reads import sign_read
 from proctor.ledger import Ledger
 from proctor.queue import keys, sender, server
 from proctor.queue.envelope import canonical_json
@@ -75,13 +77,19 @@ def test_post_then_state_then_verified_result(api):
         listener = Listener(Settings(HOST, {"default": 1}, ack_wait_s=5), backend, load_trust(home),
                             keys.load("host", home), JobStore(home / "queue.sqlite3"), Ledger(home / "ledger.sqlite3"),
                             {"noop": NoopRunner()})
+        sender_key = keys.load("default", home)
+
+        def signed(path: str) -> dict[str, str]:  # a read signed by the job's own sender
+            return sign_read(sender_key, "GET", path)
+
         async with httpx.AsyncClient(base_url=base, timeout=20) as http:
             posted = await http.post("/v1/jobs", json=envelope(home))
             job_id = posted.json()["jobId"]
-            pending = await http.get(f"/v1/jobs/{job_id}/result")
-            state = await http.get(f"/v1/jobs/{job_id}")
+            result, status = f"/v1/jobs/{job_id}/result", f"/v1/jobs/{job_id}"
+            pending = await http.get(result, headers=signed(result))
+            state = await http.get(status, headers=signed(status))
             task = asyncio.create_task(listener.serve(stop))
-            done = await http.get(f"/v1/jobs/{job_id}/result", params={"wait": 10})
+            done = await http.get(result, params={"wait": 10}, headers=signed(result))
             stop.set()
             await task
             await backend.close()
@@ -109,8 +117,7 @@ def test_bad_envelopes_get_clear_4xx(api):
         bad = http.post("/v1/jobs", json=envelope(home, kind="run_agent", payload={"agent": "x"}))
         assert bad.status_code == 422 and "task" in json.dumps(bad.json())
         assert http.post("/v1/jobs", json=envelope(home, expiresAt=1)).status_code == 422
-        assert http.get("/v1/jobs/nope").status_code == 404
-        assert http.get("/v1/jobs/nope/result").status_code == 404
+        assert http.get("/v1/jobs/nope").status_code == 401  # no credential: nothing, not even whether it exists
         assert "/v1/jobs" in http.get("/openapi.json").json()["paths"]
 
 
@@ -133,3 +140,57 @@ def test_a_queue_that_cannot_take_the_job_is_a_503_not_a_500(tmp_path):
             res = http.post("/v1/jobs", json=envelope(tmp_path))
         assert res.status_code == want, res.text
     assert "did not accept the job" in res.json()["detail"] and res.json()["code"] == "QUEUE_UNAVAILABLE"
+
+
+def _reads_app(tmp_path, token: str | None = None):
+    trusted_home(tmp_path)
+    backend = MemoryBackend()
+
+    async def factory():
+        return backend
+
+    return create_app(factory, load_trust(tmp_path), SentStore(tmp_path), read_token=token)
+
+
+def test_a_job_is_read_only_by_its_sender_or_with_this_installs_token(tmp_path):
+    """The job id is never a capability: no credential 401, another trusted key 403, a stale or forged
+    signature 401; the job's own sender's signed read, or the install's token, is the control."""
+    from fastapi.testclient import TestClient
+
+    token = "k" * 43
+    with TestClient(_reads_app(tmp_path, token), base_url="http://127.0.0.1") as http:
+        job_id = http.post("/v1/jobs", json=envelope(tmp_path)).json()["jobId"]
+        path = f"/v1/jobs/{job_id}"
+        sender_key, admin = keys.load("default", tmp_path), keys.load("admin", tmp_path)
+        assert http.get(path).json()["code"] == "UNAUTHENTICATED"
+        assert http.get(path, headers={"Authorization": "Bearer " + "x" * 43}).status_code == 401
+        other = http.get(path, headers=sign_read(admin, "GET", path))
+        assert other.status_code == 403 and other.json()["code"] == "NOT_YOUR_JOB"
+        assert http.get(path, headers=sign_read(keys.load("stranger", tmp_path), "GET", path)).status_code == 401
+        stale = sign_read(sender_key, "GET", path, now=time.time() - 3600)
+        assert http.get(path, headers=stale).status_code == 401
+        elsewhere = sign_read(sender_key, "GET", f"/v1/jobs/{job_id}/result")  # signed for another path
+        assert http.get(path, headers=elsewhere).status_code == 401
+        assert http.get("/v1/jobs/nope", headers=sign_read(sender_key, "GET", "/v1/jobs/nope")).status_code == 403
+        # The controls.
+        mine = http.get(path, headers=sign_read(sender_key, "GET", path))
+        assert mine.status_code == 200 and mine.json()["state"] == "queued"
+        assert http.get(path, headers={"Authorization": f"Bearer {token}"}).status_code == 200
+        assert http.get("/v1/jobs/nope", headers={"Authorization": f"Bearer {token}"}).status_code == 404
+
+
+def test_every_path_of_the_origin_is_proctors_no_docs_page_and_nul_is_a_400(tmp_path):
+    from fastapi.testclient import TestClient
+
+    with TestClient(_reads_app(tmp_path, "k" * 43), base_url="http://127.0.0.1") as http:
+        replies = {p: http.get(p) for p in ("/docs", "/redoc", "/docs/oauth2-redirect", "/nothing", "/openapi.json",
+                                            "/v1/jobs/x%00y", "/v1/jobs/x?wait=%00", "/v1/jobs")}
+    assert replies["/openapi.json"].status_code == 200 and "swagger" not in replies["/openapi.json"].text.lower()
+    for p in ("/docs", "/redoc", "/docs/oauth2-redirect", "/nothing"):
+        assert replies[p].status_code == 404, p
+    for p in ("/v1/jobs/x%00y", "/v1/jobs/x?wait=%00"):
+        assert replies[p].status_code == 400 and replies[p].json()["code"] == "BAD_REQUEST", p
+    assert replies["/v1/jobs"].status_code == 405
+    for p, r in replies.items():
+        assert "default-src 'none'" in r.headers["content-security-policy"], p
+        assert r.headers["x-frame-options"] == "DENY" and r.headers["x-content-type-options"] == "nosniff", p

@@ -62,7 +62,7 @@ async def backend():
     return MemoryBackend()
 
 app = create_app(backend, load_trust(home), SentStore(home), bind="127.0.0.1", allow_hosts=spec["allow"],
-                 limits=limits)
+                 limits=limits, read_token=spec["token"])
 sock = socket.socket()
 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 sock.bind(("127.0.0.1", 0))
@@ -133,9 +133,14 @@ def exchange(port: int, request: bytes, timeout_s: float = 10.0) -> Reply:
         return parse(read_until_closed(sock, timeout_s))
 
 
+READ_TOKEN = "r" * 43  # the served app's install token: /v1 reads need it (or a read signed by the sender)
+BEARER = {"Authorization": f"Bearer {READ_TOKEN}"}
+
+
 def get(port: int, path: str = "/v1/jobs/nope", host: str | None = None, extra: str = "") -> bytes:
     host = f"127.0.0.1:{port}" if host is None else host
-    return f"GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n".encode()
+    auth = f"Authorization: Bearer {READ_TOKEN}\r\n"
+    return f"GET {path} HTTP/1.1\r\nHost: {host}\r\n{auth}{extra}Connection: close\r\n\r\n".encode()
 
 
 def problem(reply: Reply | httpx.Response, status: int, code: str) -> dict:
@@ -184,7 +189,7 @@ class Served:
 
 def start_server(root: Path, home: Path, limits: dict, allow: tuple[str, ...] = (), nofile: int = 4096) -> Served:
     log = root / f"server-{time.monotonic_ns()}.log"
-    spec = {"limits": limits, "home": str(home), "allow": list(allow), "nofile": nofile}
+    spec = {"limits": limits, "home": str(home), "allow": list(allow), "nofile": nofile, "token": READ_TOKEN}
     env = {**os.environ, "PROCTOR_HOME": str(home)}
     proc = subprocess.Popen([sys.executable, "-c", SERVER, json.dumps(spec)], stdout=subprocess.PIPE,
                             stderr=log.open("wb"), env=env, text=True)
@@ -559,8 +564,9 @@ def test_only_bound_names_on_this_port_are_served_and_foreign_origins_are_403(sr
 
     with httpx.Client(base_url=srv.base, timeout=10) as http:  # an ordinary client, as it sends Host itself
         assert http.post("/v1/jobs", json=envelope).status_code == 202
-        assert http.get(f"/v1/jobs/{job_id}").json()["state"] == "queued"
-        problem(http.get(f"/v1/jobs/{job_id}", headers={"Host": "attacker.example"}), 421, "MISDIRECTED_HOST")
+        assert http.get(f"/v1/jobs/{job_id}", headers=BEARER).json()["state"] == "queued"
+        problem(http.get(f"/v1/jobs/{job_id}", headers={"Host": "attacker.example", **BEARER}), 421,
+                "MISDIRECTED_HOST")
 
 
 def test_proctor_serve_answers_its_allow_host_names_and_no_others(tmp_path, home):
@@ -568,6 +574,10 @@ def test_proctor_serve_answers_its_allow_host_names_and_no_others(tmp_path, home
     port = server.free_port()
     log = tmp_path / "serve.log"
     proctor = Path(sys.executable).with_name("proctor")
+    token = home / "review-token"  # the install's token, which reads any job over /v1
+    token.unlink(missing_ok=True)
+    token.touch(0o600)
+    token.write_text(READ_TOKEN + "\n")
     proc = subprocess.Popen([str(proctor), "serve", "--port", str(port), "--allow-host", ALLOWED,
                              "--queue", nats.url], env={**os.environ, "PROCTOR_HOME": str(home)},
                             stdout=subprocess.DEVNULL, stderr=log.open("wb"))

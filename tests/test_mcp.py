@@ -46,15 +46,21 @@ def proctor_cmd() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-c", "from proctor.cli import main; main()"]
 
 
-def params(*extra: str) -> StdioServerParameters:
+# These tests use the whole surface: the review verbs and validateCommand are granted, as a person would
+# start the server to allow them (tests/test_mcp_caps.py has what an ungranted server refuses).
+GRANTED = ("--allow-verb", "land", "--allow-verb", "discard", "--may-set-validate-command")
+
+
+def params(*extra: str, granted: bool = True) -> StdioServerParameters:
     cmd = proctor_cmd()
     # The client passes only a few variables by default: the test's PROCTOR_HOME, HOME, PATH and git's go too.
-    return StdioServerParameters(command=cmd[0], args=[*cmd[1:], "mcp", *extra], env=dict(os.environ))
+    grants = GRANTED if granted else ()
+    return StdioServerParameters(command=cmd[0], args=[*cmd[1:], "mcp", *grants, *extra], env=dict(os.environ))
 
 
-def session(body: Callable[[Client], Awaitable[Any]], *extra: str) -> Any:
+def session(body: Callable[[Client], Awaitable[Any]], *extra: str, granted: bool = True) -> Any:
     async def main() -> Any:
-        async with Client(params(*extra)) as client:
+        async with Client(params(*extra, granted=granted)) as client:
             return await body(client)
 
     return anyio.run(main)
@@ -92,6 +98,8 @@ def slow_agent(fake, seconds: float) -> None:
 # -- the tools ------------------------------------------------------------------------------------------
 
 def test_tools_their_annotations_and_schemas():
+    plain = {t.name for t in session(lambda c: c.list_tools(), granted=False).tools}
+    assert plain == READ_ONLY | {"run_agent", "cancel_job"}, "land and discard only when the server offers them"
     tools = {t.name: t for t in session(lambda c: c.list_tools()).tools}
     assert set(tools) == READ_ONLY | {"run_agent", "land", "discard", "cancel_job"}
     for name in READ_ONLY:
@@ -415,7 +423,7 @@ def test_claude_code_runs_a_job_through_run_agent_and_job_result(tmp_path):
     cmd = proctor_cmd()
     config = tmp_path / "mcp.json"
     config.write_text(json.dumps({"mcpServers": {"proctor": {
-        "type": "stdio", "command": cmd[0], "args": [*cmd[1:], "mcp"],
+        "type": "stdio", "command": cmd[0], "args": [*cmd[1:], "mcp", *GRANTED],
         "env": {"PROCTOR_HOME": os.environ["PROCTOR_HOME"]}}}}))
     home = tmp_path / "claude-home"  # claude's own state: never the user's
     home.mkdir()

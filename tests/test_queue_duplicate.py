@@ -20,6 +20,7 @@ import pytest
 from conftest import serve_in_thread
 
 from proctor.api.app import create_app
+from proctor.api.reads import sign_read
 from proctor.ledger import Ledger
 from proctor.queue import keys, sender
 from proctor.queue.backend import message_id
@@ -213,7 +214,8 @@ def test_post_v1_jobs_answers_a_retried_envelope_with_duplicate(api):
         again = http.post("/v1/jobs", json=sealed.to_dict())
         squat = http.post("/v1/jobs", json=noop(th, host, job_id=job_id_of(sealed)).to_dict())
         fresh = http.post("/v1/jobs", json=noop(th, host).to_dict())
-        state = http.get(f"/v1/jobs/{job_id_of(sealed)}")
+        path = f"/v1/jobs/{job_id_of(sealed)}"
+        state = http.get(path, headers=sign_read(th.sender, "GET", path))  # a read signed by its sender
     assert first.status_code == 202 and "code" not in first.json()
     assert fresh.status_code == 202 and fresh.json()["jobId"] != first.json()["jobId"]
     body = again.json()

@@ -227,6 +227,9 @@ def test_the_models_tool_call_lands_in_the_worktree(case, tmp_path):
     decisions = job.egress()
     allowed = {(d["host"], d["port"]) for d in decisions if d["allowed"]}
     assert allowed == {("127.0.0.1", job.model.port)}, decisions
+    # ... and the CLI tried nothing else, not even to be refused: its telemetry, analytics and update checks
+    # are off (builtin.toml; before, codex tried ab.chatgpt.com and gemini play.googleapis.com every job).
+    assert [d for d in decisions if not d["allowed"]] == [], decisions
 
 
 @pytest.mark.realcli

@@ -313,12 +313,19 @@ class LoopbackModel:
                 self.end_headers()
                 self.wfile.write(data)
 
+        # Handler threads not joined on close, each read bounded: server_close() joined every handler, and one
+        # blocked on a keep-alive connection that a killed CLI's leftover child still held made the test
+        # wait for pytest-timeout's 300 s (issue 24).
+        Handler.timeout = 30
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.block_on_close = False
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
 
     def close(self) -> None:
         self.server.shutdown()
+        self._thread.join(10)
         self.server.server_close()
 
 

@@ -64,7 +64,7 @@ def page(browser, server):
     pg.errors = []  # type: ignore[attr-defined]
     pg.on("pageerror", lambda e: pg.errors.append(str(e)))  # type: ignore[attr-defined]
     pg.goto(server.login_url)
-    assert pg.url == server.base + "/review"
+    assert pg.url == server.url()
     yield pg
     ctx.close()
 
@@ -128,7 +128,7 @@ def test_list_and_job_pages_tell_a_failed_job_from_a_good_one_at_a_glance(page, 
     bad = run_job(repo, "T-bad", "python3 -c 'import app; assert app.add(2, 3) == 5, \"add(2, 3) is not 5\"'")
     assert good["status"] == "completed" and bad["code"] == "VALIDATION_FAILED"
 
-    page.goto(server.base + "/review")
+    page.goto(server.url())
     good_row, bad_row = (page.locator(f'tr[data-job="{j["jobId"]}"]') for j in (good, bad))
     assert good_row.locator('[data-field="status"]').inner_text() == "completed"
     assert bad_row.locator('[data-field="status"]').inner_text() == "failed"
@@ -137,7 +137,7 @@ def test_list_and_job_pages_tell_a_failed_job_from_a_good_one_at_a_glance(page, 
     b = mean_rgb(bad_row.locator('[data-field="status"]').screenshot())
     assert g[1] > g[0] and b[0] > b[1] + 20, (g, b)  # the good badge greener, the failed one redder
 
-    page.goto(server.base + f"/review/jobs/{bad['jobId']}")
+    page.goto(server.url() + f"/jobs/{bad['jobId']}")
     verdict = page.locator("#verdict")
     assert verdict.locator(".verdict-status").inner_text() == "FAILED"
     validation = page.locator("#validation")
@@ -145,7 +145,7 @@ def test_list_and_job_pages_tell_a_failed_job_from_a_good_one_at_a_glance(page, 
     red = mean_rgb(verdict.screenshot())
     shot(page, "failed-job-validation")
 
-    page.goto(server.base + f"/review/jobs/{good['jobId']}")
+    page.goto(server.url() + f"/jobs/{good['jobId']}")
     assert page.locator("#verdict .verdict-status").inner_text() == "COMPLETED"
     green = mean_rgb(page.locator("#verdict").screenshot())
     assert red[0] > red[1] + 20 and green[1] > green[0] + 20, (red, green)
@@ -163,7 +163,7 @@ def test_land_and_discard_from_the_buttons(page, server, repo, fake):
     second = run_job(repo, "T-discard")
 
     assert first["status"] == "completed", first
-    page.goto(server.base + f"/review/jobs/{first['jobId']}")
+    page.goto(server.url() + f"/jobs/{first['jobId']}")
     page.click("#land")
     page.wait_for_selector("#flash")
     flash = page.locator("#flash").inner_text()
@@ -173,7 +173,7 @@ def test_land_and_discard_from_the_buttons(page, server, repo, fake):
     shot(page, "land")
     assert [r.payload["via"] for r in rows("review.land", first["jobId"])] == ["web"]
 
-    page.goto(server.base + f"/review/jobs/{second['jobId']}")
+    page.goto(server.url() + f"/jobs/{second['jobId']}")
     asked: list[str] = []
 
     def dismiss(d):
@@ -201,7 +201,7 @@ def test_a_running_jobs_row_follows_it_live_without_a_reload(page, server, repo,
         while not list((Path(os.environ["PROCTOR_HOME"]) / "jobs").glob("*/progress.json")):
             assert time.monotonic() < deadline, "the job never started"
             time.sleep(0.1)
-        page.goto(server.base + "/review")
+        page.goto(server.url())
         page.evaluate("window.__sameDocument = true")
         row = page.locator("tr[data-job]").first
         # Locator waits, not wait_for_function: the page's CSP forbids the eval that one needs.
@@ -226,7 +226,7 @@ def test_an_agents_markup_runs_nothing_in_the_page(page, server, repo, fake):
     res = run_job(repo, "T-xss", f"echo '{HOSTILE}'; exit 1")
     dialogs: list[str] = []
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-    page.goto(server.base + f"/review/jobs/{res['jobId']}")
+    page.goto(server.url() + f"/jobs/{res['jobId']}")
     page.wait_for_timeout(500)
     assert page.evaluate("typeof window.__pwned") == "undefined" and dialogs == []
     assert "<script>window.__pwned=1</script>" in page.locator("#diff").inner_text()
@@ -238,9 +238,9 @@ def test_a_page_of_another_site_cannot_land_a_job_even_with_the_csrf_token(page,
     fake("claude", Behaviour(writes={"fix.txt": "fixed\n"}))
     res = run_job(repo, "T-csrf", "test -f fix.txt")
     before = sh("git", "rev-parse", "master", cwd=repo).strip()
-    page.goto(server.base + f"/review/jobs/{res['jobId']}")
+    page.goto(server.url() + f"/jobs/{res['jobId']}")
     csrf = page.locator('input[name="csrf"]').first.get_attribute("value")  # as if it had leaked
-    target = f"{server.base}/review/jobs/{res['jobId']}/land"
+    target = server.url(f"/jobs/{res['jobId']}/land")
     evil = (f'<form id="f" method="post" action="{target}"><input name="csrf" value="{csrf}">'
             '<input name="mode" value="auto"></form>'
             f'<script>fetch("{target}", {{method: "POST", mode: "no-cors", credentials: "include", '
@@ -270,7 +270,7 @@ def test_a_page_of_another_site_cannot_land_a_job_even_with_the_csrf_token(page,
     assert sh("git", "rev-parse", "master", cwd=repo).strip() == before
     assert not rows("review.land", res["jobId"]), "a cross-site request reached land"
     # The control: the same browser, on the page itself, lands it.
-    page.goto(server.base + f"/review/jobs/{res['jobId']}")
+    page.goto(server.url() + f"/jobs/{res['jobId']}")
     page.click("#land")
     page.wait_for_selector("#flash")
     assert sh("git", "rev-parse", "master", cwd=repo).strip() == res["commit"]

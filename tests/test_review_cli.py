@@ -203,7 +203,7 @@ def test_jobs_show_and_diff(repo, fake, tmp_path):
     assert [j["jobId"] for j in out("jobs", "--repo", str(repo))] == [a["jobId"]]
     assert [j["jobId"] for j in out("jobs", "--status", "failed")] == [b["jobId"]]
     table = cli("jobs").stdout.decode()
-    assert table.splitlines()[0].split() == ["job", "repo", "ticket", "agent", "status", "code", "review?", "age"]
+    assert table.splitlines()[0].split() == ["job", "repo", "ticket", "agent", "status", "code", "needs-review", "age"]
     assert len(table.splitlines()) == 3 and "VALIDATION_FAILED" not in table and "AGENT_FAILED" in table
 
     shown = out("show", a["jobId"][:17])

@@ -19,6 +19,7 @@ from review_site import PROCTOR, Server, run_job, start_job
 from proctor.ledger import Ledger
 from proctor.testing import Behaviour
 from proctor.web import patch
+from proctor.web.access import Access
 
 
 @pytest.fixture
@@ -39,27 +40,43 @@ def csrf_of(html: str) -> str:
 
 # -- who may use it ---------------------------------------------------------------------------------------
 
-def test_the_page_needs_this_installs_token_and_the_cookie_is_strict(server):
+def test_the_page_needs_this_installs_token_and_the_cookie_is_scoped_to_its_secret_path(server):
     home = Path(os.environ["PROCTOR_HOME"])
     token_file = home / "review-token"
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o600 and token_file.read_text().strip() == server.token
+    assert server.token not in "".join(server.err), "the token itself is never printed (a one-time code is)"
     anon = server.client(signed_in=False)
     r = anon.get("/review")
     assert r.status_code == 401 and "review-token" in r.text and "<table" not in r.text
-    assert anon.get("/review/events").status_code == 401
-    r = anon.get("/review/login?token=" + "x" * 43)
+    scope = Access(server.token).scope
+    assert scope not in r.text, "the sign-in page must not name the secret path"
+    assert anon.get(f"/review/{scope}").status_code == 401 and anon.get(f"/review/{scope}/events").status_code == 401
+    assert anon.get("/review/" + "0" * 32).status_code == 404  # another path is no page at all
+    r = anon.post("/review/login", data={"token": "x" * 43})
     assert r.status_code == 401 and "not this install" in r.text and "set-cookie" not in r.headers
-    # The control: the right token signs in, with a cookie a browser keeps off every other site.
+    # A token in a URL is refused without a look: it would stay in the history.
     r = anon.get(f"/review/login?token={server.token}")
-    assert r.status_code == 303 and r.headers["location"] == "/review"
+    assert r.status_code == 400 and "set-cookie" not in r.headers
+    # The control: the printed one-time code signs in, once, with a cookie scoped to the secret path.
+    r = anon.get(server.login_url.removeprefix(server.base))
+    assert r.status_code == 303 and r.headers["location"] == f"/review/{scope}"
     cookie = r.headers["set-cookie"].lower()
-    assert "httponly" in cookie and "samesite=strict" in cookie and "path=/review" in cookie
+    assert "httponly" in cookie and "samesite=strict" in cookie and f"path=/review/{scope};" in cookie
     assert server.token not in r.headers["set-cookie"], "the cookie must not carry the login token itself"
-    assert anon.get("/review").status_code == 200
-    # A script may send the token as a bearer instead.
-    assert httpx.get(server.base + "/review", headers={"Authorization": f"Bearer {server.token}"}).status_code == 200
-    logins = [r.payload["ok"] for r in rows("review.web.login")]
-    assert logins == [False, True]
+    assert anon.get(f"/review/{scope}").status_code == 200
+    again = server.client(signed_in=False).get(server.login_url.removeprefix(server.base))
+    assert again.status_code == 401, "a spent code signs nobody in"
+    # The token in a POST body does too, and a script may send it as a bearer.
+    assert server.client(signed_in=False).post("/review/login", data={"token": server.token}).status_code == 303
+    bearer = {"Authorization": f"Bearer {server.token}"}
+    r = httpx.get(server.base + "/review", headers=bearer)
+    assert r.status_code == 303 and r.headers["location"] == f"/review/{scope}"
+    assert httpx.get(server.base + f"/review/{scope}", headers=bearer).status_code == 200
+    logins = [(r.payload["ok"], r.payload.get("via")) for r in rows("review.web.login")]
+    assert logins == [(True, "code"), (True, "token")], logins  # the failures: one summary row, at the end
+    server.stop()
+    summary = [r.payload for r in rows("review.web.login") if not r.payload["ok"]]
+    assert len(summary) == 1 and summary[0]["failures"] == 2 and summary[0]["client"] == "127.0.0.1", summary
 
 
 def test_a_token_file_others_can_read_is_refused_with_a_clear_error():
@@ -75,13 +92,13 @@ def test_every_page_carries_a_strict_csp_and_no_caching(server, repo, fake):
     fake("claude", Behaviour(writes={"a.txt": "a\n"}))
     job = run_job(repo, "T-1")["jobId"]
     c = server.client()
-    for path in ("/review", f"/review/jobs/{job}", "/review/static/review.css"):
+    for path in (server.prefix, f"{server.prefix}/jobs/{job}", "/review/static/review.css"):
         r = c.get(path)
         assert r.status_code == 200, path
         csp = r.headers["content-security-policy"]
         assert "script-src 'self'" in csp and "default-src 'none'" in csp and "frame-ancestors 'none'" in csp
         assert r.headers["cache-control"] == "no-store" and r.headers["x-frame-options"] == "DENY"
-    assert "<script" not in c.get(f"/review/jobs/{job}").text.replace('<script src="/review/static/review.js" defer>'
+    assert "<script" not in c.get(f"{server.prefix}/jobs/{job}").text.replace('<script src="/review/static/review.js" defer>'
                                                                       '</script>', "")
     assert c.get("/review/static/../app.py").status_code == 404
     assert c.get("/review/static/nothing.js").status_code == 404
@@ -95,18 +112,18 @@ def test_a_post_without_this_pages_csrf_token_or_from_another_origin_lands_nothi
     assert res["status"] == "completed", res
     job, before = res["jobId"], sh("git", "rev-parse", "master", cwd=repo).strip()
     c = server.client()
-    token = csrf_of(c.get(f"/review/jobs/{job}").text)
+    token = csrf_of(c.get(f"{server.prefix}/jobs/{job}").text)
     form = {"content-type": "application/x-www-form-urlencoded"}
-    assert c.post(f"/review/jobs/{job}/land", content="mode=auto", headers=form).status_code == 403
-    assert c.post(f"/review/jobs/{job}/land", content="csrf=" + "0" * 64, headers=form).status_code == 403
-    assert c.post(f"/review/jobs/{job}/land", json={"csrf": token}).status_code == 403  # not a form
-    r = c.post(f"/review/jobs/{job}/land", content=f"csrf={token}", headers={**form, "origin": "http://evil.example"})
+    assert c.post(f"{server.prefix}/jobs/{job}/land", content="mode=auto", headers=form).status_code == 403
+    assert c.post(f"{server.prefix}/jobs/{job}/land", content="csrf=" + "0" * 64, headers=form).status_code == 403
+    assert c.post(f"{server.prefix}/jobs/{job}/land", json={"csrf": token}).status_code == 403  # not a form
+    r = c.post(f"{server.prefix}/jobs/{job}/land", content=f"csrf={token}", headers={**form, "origin": "http://evil.example"})
     assert r.status_code == 403 and r.json()["code"] == "FOREIGN_ORIGIN"
     anon = server.client(signed_in=False)
-    assert anon.post(f"/review/jobs/{job}/land", content=f"csrf={token}", headers=form).status_code == 401
+    assert anon.post(f"{server.prefix}/jobs/{job}/land", content=f"csrf={token}", headers=form).status_code == 401
     assert sh("git", "rev-parse", "master", cwd=repo).strip() == before and not rows("review.land", job)
     # The control: the page's own form, same origin, lands it.
-    r = c.post(f"/review/jobs/{job}/land", content=f"csrf={token}&mode=auto",
+    r = c.post(f"{server.prefix}/jobs/{job}/land", content=f"csrf={token}&mode=auto",
                headers={**form, "origin": server.base})
     assert r.status_code == 303
     page = c.get(r.headers["location"])
@@ -135,7 +152,7 @@ def test_an_agents_markup_file_names_and_bidi_are_shown_as_text(server, repo, fa
                              stdout=f"I fixed it {HOSTILE}"))
     res = run_job(repo, "T-1")
     assert res["jobId"], res
-    html = server.client().get(f"/review/jobs/{res['jobId']}").text
+    html = server.client().get(f"{server.prefix}/jobs/{res['jobId']}").text
     assert "<script>window" not in html and "<img src=x" not in html and "<b onmouseover" not in html
     assert "&lt;script&gt;" in html and "&lt;b onmouseover=alert(1)&gt;x.py" in html
     assert "\u202e" not in html and 'class="ctl" title="U+202E">\\u202e</span>' in html
@@ -146,7 +163,7 @@ def test_the_failed_jobs_page_shows_the_hosts_validation_output_and_risks(server
                                                                       "result": "all tests pass, trust me"}) + "\n"))
     res = run_job(repo, "T-2", "echo 'assertion: 2 + 2 is not 5' >&2; exit 3")
     assert res["status"] == "failed" and res["code"] == "VALIDATION_FAILED"
-    html = server.client().get(f"/review/jobs/{res['jobId']}").text
+    html = server.client().get(f"{server.prefix}/jobs/{res['jobId']}").text
     assert 'class="verdict bad"' in html and ">FAILED<" in html and "VALIDATION_FAILED" in html
     assert "assertion: 2 + 2 is not 5" in html and "exit 3" in html
     assert "all tests pass, trust me" in html and "its claim, not the verdict" in html
@@ -159,11 +176,11 @@ def test_landing_a_failed_job_from_the_page_is_refused_unless_forced_with_a_reas
     fake("claude", Behaviour(writes={"a.txt": "a\n"}))
     res = run_job(repo, "T-3", "exit 1")
     job, c = res["jobId"], server.client()
-    token = csrf_of(c.get(f"/review/jobs/{job}").text)
+    token = csrf_of(c.get(f"{server.prefix}/jobs/{job}").text)
     form = {"content-type": "application/x-www-form-urlencoded", "origin": server.base}
 
     def land(body: str) -> str:
-        r = c.post(f"/review/jobs/{job}/land", content=f"csrf={token}&{body}", headers=form)
+        r = c.post(f"{server.prefix}/jobs/{job}/land", content=f"csrf={token}&{body}", headers=form)
         assert r.status_code == 303
         return c.get(r.headers["location"]).text
 
@@ -179,14 +196,14 @@ def test_discard_from_the_page_removes_the_worktree_and_branch(server, repo, fak
     fake("claude", Behaviour(writes={"a.txt": "a\n"}))
     res = run_job(repo, "T-4")
     c = server.client()
-    token = csrf_of(c.get(f"/review/jobs/{res['jobId']}").text)
-    r = c.post(f"/review/jobs/{res['jobId']}/discard", content=f"csrf={token}",
+    token = csrf_of(c.get(f"{server.prefix}/jobs/{res['jobId']}").text)
+    r = c.post(f"{server.prefix}/jobs/{res['jobId']}/discard", content=f"csrf={token}",
                headers={"content-type": "application/x-www-form-urlencoded"})
     assert "discard done" in c.get(r.headers["location"]).text
     assert not Path(res["worktreePath"]).exists()
     assert "wt/" not in sh("git", "branch", "--list", cwd=repo)
     assert rows("review.discard", res["jobId"])[-1].payload["via"] == "web"
-    assert c.get("/review/jobs/nope").status_code == 404
+    assert c.get(server.prefix + "/jobs/nope").status_code == 404
 
 
 def test_the_list_filters_by_repo_and_status(server, tmp_path, fake):
@@ -197,12 +214,12 @@ def test_the_list_filters_by_repo_and_status(server, tmp_path, fake):
     good = run_job(one, "T-good")["jobId"]
     bad = run_job(two, "T-bad", "exit 1")["jobId"]
     c = server.client()
-    assert good in c.get("/review").text and bad in c.get("/review").text
-    only_two = c.get("/review", params={"repo": str(two)}).text
+    assert good in c.get(server.prefix).text and bad in c.get(server.prefix).text
+    only_two = c.get(server.prefix, params={"repo": str(two)}).text
     assert bad in only_two and good not in only_two
-    failed = c.get("/review", params={"status": "failed"}).text
+    failed = c.get(server.prefix, params={"status": "failed"}).text
     assert bad in failed and good not in failed
-    assert "No jobs match" in c.get("/review", params={"status": "landed"}).text
+    assert "No jobs match" in c.get(server.prefix, params={"status": "landed"}).text
 
 
 # -- live --------------------------------------------------------------------------------------------
@@ -212,7 +229,7 @@ def _events(server: Server, query: str, until, timeout: float = 60.0) -> list[di
     seen: list[dict] = []
     headers = {"Authorization": f"Bearer {server.token}"}
     deadline = time.monotonic() + timeout
-    with httpx.stream("GET", server.base + "/review/events" + query, headers=headers, timeout=timeout) as r:
+    with httpx.stream("GET", server.url("/events") + query, headers=headers, timeout=timeout) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         for line in r.iter_lines():
             if line.startswith("data: "):
@@ -280,8 +297,8 @@ def test_a_land_refused_on_re_validation_shows_the_merged_trees_output(server, r
     sh("git", "commit", "-qm", "the target moves", cwd=repo)
     moved = sh("git", "rev-parse", "master", cwd=repo).strip()
     c = server.client()
-    token = csrf_of(c.get(f"/review/jobs/{res['jobId']}").text)
-    r = c.post(f"/review/jobs/{res['jobId']}/land", content=f"csrf={token}&mode=auto",
+    token = csrf_of(c.get(f"{server.prefix}/jobs/{res['jobId']}").text)
+    r = c.post(f"{server.prefix}/jobs/{res['jobId']}/land", content=f"csrf={token}&mode=auto",
                headers={"content-type": "application/x-www-form-urlencoded"})
     html = c.get(r.headers["location"]).text
     assert "land refused" in html and "REVALIDATION_FAILED" in html
@@ -302,6 +319,6 @@ def test_the_list_says_how_many_older_jobs_it_does_not_show(repo, fake, monkeypa
     app = FastAPI()
     web_app.mount(app, web_app.Site(Access("t" * 43)))
     with TestClient(app) as c:
-        html = c.get("/review", headers={"Authorization": "Bearer " + "t" * 43}).text
+        html = c.get("/review", headers={"Authorization": "Bearer " + "t" * 43}).text  # redirected to the page
     assert ids[2] in html and ids[1] in html and ids[0] not in html  # the newest two
     assert "1 older jobs are not listed" in html

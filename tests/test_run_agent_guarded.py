@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import sh
+from conftest import sh, wait_until
 
 from proctor import RunAgentRequest, Status, run_agent
 from proctor.config import load_config
@@ -89,6 +89,13 @@ def test_validation_runs_confined_too(tmp_path, repo):
     assert control.status is Status.completed and outside.read_text() == "v\n"
 
 
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def _sleepers(tag: str) -> set[int]:
     out = set()
     for p in psutil.process_iter():
@@ -141,24 +148,20 @@ def test_required_fails_closed_where_the_machine_gives_nothing_with_auto_control
     assert any("ran unconfined" in r for r in out["known_risks"]) and out["needs_human_review"] is True
 
 
-def test_stop_kills_a_running_cli_agent_within_2s(repo, fake):
+def test_stop_kills_a_running_cli_agent_that_ignores_term(repo, fake):
     agent = fake("claude", Behaviour(sleep=120, ignore_term=True))
     holder: dict = {}
     t = threading.Thread(target=lambda: holder.setdefault("res", run_agent(req(repo, agent="claude"))))
     t.start()
-    for _ in range(200):
-        if agent.calls():
-            break
-        time.sleep(0.05)
+    wait_until(agent.calls, 60, "the agent to start")
     pid = agent.calls()[0]["pid"]
-    t0 = time.monotonic()
     StopSwitch().engage("incident 42")
-    t.join(timeout=10)
-    took = time.monotonic() - t0
+    # TERM is ignored here: the KILL after the grace ends it. How fast is measured in bench/stop.py; the
+    # agent sleeps 120 s, so a join that returns means the stop killed it. The bound only stops a hang.
+    t.join(timeout=60)
+    assert not t.is_alive(), "the stop did not end the job"
     res = holder["res"]
     assert res.status is Status.failed and res.code is Code.STOPPED, res
-    # TERM is ignored here, so the grace period is spent before the KILL.
-    assert took < 2.0 + load_config().term_grace + 0.5, took
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert any("incident 42" in r for r in res.known_risks) and len(agent.calls()) == 1
     # stopped before launch: nothing runs; control after resume: it runs
@@ -169,18 +172,20 @@ def test_stop_kills_a_running_cli_agent_within_2s(repo, fake):
     assert run_agent(req(repo, agent="claude", validateCommand="true")).status is Status.completed
 
 
-def test_stop_kill_latency(repo, fake):
-    """The kill itself (TERM honoured) lands well inside 2 s of `proctor stop`."""
+def test_proctor_stop_ends_a_running_job(repo, fake):
+    """`proctor stop` (TERM honoured) ends the running job as STOPPED and its agent with it. The latency
+    (well inside 2 s unloaded) is measured in bench/stop.py, not asserted here: under load it is not a
+    property of the code (issue 24)."""
     agent = fake("claude", Behaviour(sleep=120))
     holder: dict = {}
     t = threading.Thread(target=lambda: holder.setdefault("res", run_agent(req(repo, agent="claude"))))
     t.start()
-    while not agent.calls():
-        time.sleep(0.02)
-    t0 = time.monotonic()
-    subprocess.run([PROCTOR, "stop", "--reason", "now"], check=True, capture_output=True)
-    t.join(timeout=10)
-    assert time.monotonic() - t0 < 2.0 and holder["res"].code is Code.STOPPED
+    wait_until(agent.calls, 60, "the agent to start")
+    pid = agent.calls()[0]["pid"]
+    subprocess.run([PROCTOR, "stop", "--reason", "now"], check=True, capture_output=True, timeout=60)
+    t.join(timeout=60)  # the agent sleeps 120 s: a join that returns means the stop ended it
+    assert not t.is_alive() and holder["res"].code is Code.STOPPED, holder
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     StopSwitch().release()
 
 
@@ -220,13 +225,10 @@ def test_a_crashed_host_leaves_an_interrupted_job_not_nothing(repo, fake):
     agent = fake("claude", Behaviour(sleep=60))
     p = subprocess.Popen([PROCTOR, "run-agent", "--agent", "claude", "--task", "t", "--repo", str(repo),
                           "--ticket", "T"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    for _ in range(400):
-        if agent.calls():
-            break
-        time.sleep(0.025)
-    assert agent.calls(), "the agent never started"
+    # Bounds, not latencies: a loaded machine took more than the old 10 s to start the CLI (issue 24).
+    wait_until(agent.calls, 60, "the agent to start")
     p.kill()  # SIGKILL: no cleanup code runs
-    p.communicate(timeout=10)
+    p.communicate(timeout=60)
     out = json.loads(subprocess.run([PROCTOR, "jobs", "--json"], capture_output=True, text=True, check=True).stdout)
     assert [j["status"] for j in out] == ["interrupted"], out
     assert Ledger.default().verify() == []
@@ -236,8 +238,8 @@ def test_a_crashed_host_leaves_an_interrupted_job_not_nothing(repo, fake):
     agent.set(Behaviour(writes={"a": "1"}))
     run_agent(req(repo, agent="claude", validateCommand="true"))
     if cgroup.parent_dir() is not None:
-        time.sleep(0.1)
-        assert not psutil.pid_exists(orphan) or psutil.Process(orphan).status() == psutil.STATUS_ZOMBIE
+        # The sweep's SIGKILL is delivered, but its exit is not instant on a loaded machine (was: 0.1 s).
+        wait_until(lambda: _gone(orphan), 30, f"the orphan {orphan} to die")
         assert any(r.kind == "host.orphans_killed" for r in Ledger.default().rows())
     else:
         os.kill(orphan, 9)

@@ -9,8 +9,19 @@ stderr only.
     run_agent   start a job in a thread of this server (the host's `run_agent`), return its id at once
     job_status  a job's state from the ledger (proctor.review.jobs), with its live phase while it runs here
     job_result  its result; optionally waits, sending `notifications/progress` (phase, last output line)
-    list_jobs, diff, land, discard   the review verbs (proctor.review), rows as the CLI writes them
+    list_jobs, diff                  the review reads (proctor.review), rows as the CLI writes them
+    land, discard                    the review verbs: offered only when the server was started with
+                                     `--allow-verb land|discard`, each a ledger row naming the MCP client
     check_task, decide               the policy half (proctor.policy.gate), as `proctor check-task|decide` do
+
+MCP gets no more than the queue: the client driving this server is often the model that asked for the work,
+so a run_agent request is held to what a queue sender without `may_set_validate_command` may ask
+(`validateCommand`, `holdout`, and a `confine` weaker than the config's are OVER_PRIVILEGED, the listener's
+checks mirrored in `over_privileged`; measured before: `confine: "off"` ran unconfined under
+`confine = "required"` and its validation read the host key) unless the server was started with
+`--may-set-validate-command`; a `taskDecl` is validated here and capped by the trusted policy's ceilings in
+the job's gate, as a queue job's is. No argument may hold a NUL or run past MAX_ARG_CHARS: a clear
+INVALID_ARGUMENTS, never HOST_ERROR. Text a client reads is `terminal.json_safe` (bidi and controls escaped).
 
 Progress goes out as notifications of the request that waits (`job_result` with a progress token): after
 `run_agent` has answered, MCP allows no more notifications on its token. A job lives as long as the server
@@ -60,7 +71,7 @@ from proctor.review import land as land_mod
 from proctor.review.diff import Diff, diff
 from proctor.review.outcome import Code as ReviewCode
 from proctor.review.outcome import Outcome
-from proctor.terminal import visible
+from proctor.terminal import json_safe, visible
 
 log = logging.getLogger("proctor.mcp")
 
@@ -71,6 +82,10 @@ DEFAULT_MAX_JOBS = 4  # jobs running at once in one server: a model in a loop ca
 SHUTDOWN_WAIT_S = 30.0  # for the cancelled jobs' trees to die and their end rows to be written
 DIFF_MAX_BYTES = 1_000_000
 LINE_CHARS = 200  # of a job's last output line, as progress shows it
+MAX_ARG_CHARS = 200_000  # of any one string argument (a task brief is the longest); longer is refused
+PATH_CHARS = 4096  # of a path argument (PATH_MAX)
+VERBS = ("land", "discard")  # the review verbs a server may be started to offer (approve never is)
+CONFINE_ORDER = {"off": 0, "auto": 1, "required": 2}  # as proctor.queue.listener orders them
 
 
 class Refusal(Exception):
@@ -93,6 +108,54 @@ SHUTTING_DOWN = "SHUTTING_DOWN"  # the server is stopping: no job starts
 NOT_RUNNING_HERE = "NOT_RUNNING_HERE"  # cancel_job: no such job runs in this server
 JOB_ENDED = "JOB_ENDED"  # cancel_job: the job has already ended
 HOST_ERROR = "HOST_ERROR"  # a bug: proctor failed inside the tool (the traceback is on stderr)
+VERB_NOT_ALLOWED = "VERB_NOT_ALLOWED"  # land/discard: the server was not started with --allow-verb for it
+OVER_PRIVILEGED = "OVER_PRIVILEGED"  # run_agent asked for what only a trusted sender may (the queue's code)
+
+
+@dataclass(frozen=True)
+class Grants:
+    """What the person who started `proctor mcp` lets its client do beyond reading and running jobs."""
+
+    verbs: frozenset[str] = frozenset()  # of VERBS
+    may_set_validate_command: bool = False  # as a signer's grant in signers.toml: validateCommand, holdout, confine
+
+
+def over_privileged(request: RunAgentRequest, floor: str, grants: Grants) -> str | None:
+    """Why `request` asks for more than an ungranted queue sender may (proctor.queue.listener's checks, in
+    its order), or None. `floor`: the configured confinement."""
+    if grants.may_set_validate_command:
+        return None
+    if request.validate_command is not None:
+        return "this MCP server may not set validateCommand (shell on this host): start it with " \
+               "--may-set-validate-command to allow it"
+    if request.holdout:
+        return "this MCP server may not name held-out test dirs (paths on this host): that needs " \
+               "--may-set-validate-command"
+    if request.confine is not None and CONFINE_ORDER.get(request.confine, 0) < CONFINE_ORDER.get(floor, 1):
+        return f"this MCP server may not weaken confinement to {request.confine!r} (the config's is {floor!r}): " \
+               "that needs --may-set-validate-command (RCE-equivalent)"
+    return None
+
+
+def bad_strings(value: Any, where: str = "arguments") -> str | None:
+    """The first string in `value` holding a NUL or over MAX_ARG_CHARS, said as `where.field: why`."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            return f"{where} holds a NUL character"
+        if len(value) > MAX_ARG_CHARS:
+            return f"{where} is {len(value)} characters, over the limit of {MAX_ARG_CHARS}"
+        return None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = bad_strings(k, where) or bad_strings(v, f"{where}.{k}" if where != "arguments" else str(k))
+            if found:
+                return found
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            found = bad_strings(v, f"{where}[{i}]")
+            if found:
+                return found
+    return None
 
 
 def _sentence(text: str, most: int = 600) -> str:
@@ -107,8 +170,8 @@ def _plain(data: Any) -> Any:
 
 def ok_result(data: dict[str, Any]) -> types.CallToolResult:
     data = _plain(data)
-    return types.CallToolResult(content=[types.TextContent(type="text", text=json.dumps(data))],
-                                structured_content=data)
+    text = json_safe(json.dumps(data, ensure_ascii=False))  # letters readable; bidi and controls escaped
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=data)
 
 
 def error_result(code: str, reason: str, **details: Any) -> types.CallToolResult:
@@ -275,7 +338,7 @@ class _Args(BaseModel):
 
 
 class JobArgs(_Args):
-    job: str = Field(min_length=1, description="A job id, or a unique prefix of one.")
+    job: str = Field(min_length=1, max_length=200, description="A job id, or a unique prefix of one.")
 
 
 class CancelArgs(JobArgs):
@@ -288,7 +351,7 @@ class ResultArgs(JobArgs):
 
 
 class ListArgs(_Args):
-    repo: str | None = Field(None, description="Only jobs of this repo (a path).")
+    repo: str | None = Field(None, max_length=PATH_CHARS, description="Only jobs of this repo (a path).")
     status: list[str] = Field(default_factory=list, description="Only jobs with one of these statuses (completed, "
                               "failed, running, interrupted, ...) or review states (open, landed, discarded).")
 
@@ -310,11 +373,11 @@ class DecideArgs(_Args):
 
 
 class LandArgs(JobArgs):
-    into: str | None = Field(None, description="Target branch (default: the job's base branch).")
+    into: str | None = Field(None, max_length=PATH_CHARS, description="Target branch (default: the job's base branch).")
     mode: Literal["auto", "merge", "squash", "ff-only"] = Field(
         "auto", description="auto: fast-forward when the target has not moved, else a merge commit.")
     force: bool = Field(False, description="Land a job whose validation did not pass (needs reason).")
-    reason: str = Field("", description="Why force; recorded in the ledger.")
+    reason: str = Field("", max_length=2000, description="Why force; recorded in the ledger.")
 
 
 # -- the tools -----------------------------------------------------------------------------------------
@@ -360,15 +423,27 @@ def _find(ledger: Ledger, ident: str, verb: str) -> jobs_mod.Job:
 
 
 class Surface:
-    """What every tool call shares: the jobs this server runs."""
+    """What every tool call shares: the jobs this server runs, what its client was granted, who the client is."""
 
-    def __init__(self, jobs: Jobs) -> None:
+    def __init__(self, jobs: Jobs, grants: Grants | None = None) -> None:
         self.jobs = jobs
+        self.grants = grants or Grants()
+        self.client = "?"  # the client's own name and version (initialize's clientInfo), for the ledger rows
+
+    def _verb_granted(self, ledger: Ledger, verb: str, job: str) -> None:
+        """A review verb only when granted; refused or not, a row naming the client."""
+        ok = verb in self.grants.verbs
+        jobs_mod.note(ledger, f"mcp.{verb}", {"ok": ok, "job": job, "client": self.client,
+                                              **({} if ok else {"code": VERB_NOT_ALLOWED})})
+        if not ok:
+            raise Refusal(VERB_NOT_ALLOWED, f"this MCP server does not offer {verb}: a person reviews and runs "
+                          f"`proctor {verb}`, or starts `proctor mcp --allow-verb {verb}`")
 
     # run_agent ------------------------------------------------------------------------------------------
 
     def start(self, request: RunAgentRequest) -> dict[str, Any]:
-        row = {"agent": request.agent, "ticket": request.ticket, "repo": request.repo, "mode": request.mode}
+        row = {"agent": request.agent, "ticket": request.ticket, "repo": request.repo, "mode": request.mode,
+               "client": self.client}
 
         def admitted(job_id: str) -> None:
             # Written ahead, before the host's own job.start: which surface asked. No row, no job.
@@ -380,7 +455,9 @@ class Surface:
 
         with _ledger() as ledger:
             try:
-                job = self.jobs.start(request, self.jobs.config(), admitted)
+                config = self.jobs.config()
+                self._capped(request, config)
+                job = self.jobs.start(request, config, admitted)
             except ConfigError as exc:
                 jobs_mod.note(ledger, "mcp.run_agent", {"ok": False, "code": JobCode.CONFIG_INVALID.value, **row})
                 raise Refusal(JobCode.CONFIG_INVALID.value, str(exc)) from exc
@@ -390,6 +467,18 @@ class Surface:
                 raise
         return {"jobId": job.job_id, "status": "running", "agent": request.agent, "ticket": request.ticket,
                 "repo": request.repo, "next": "job_status or job_result (wait_s) with this jobId"}
+
+    def _capped(self, request: RunAgentRequest, config: Config) -> None:
+        """The queue's caps on what a request may ask (`over_privileged`), and a taskDecl that is a task."""
+        why = over_privileged(request, config.confine, self.grants)
+        if why:
+            raise Refusal(OVER_PRIVILEGED, why)
+        if request.task_decl is not None:
+            try:
+                AgentTask.model_validate(request.task_decl)
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                raise Refusal(TASK_INVALID, f"taskDecl.{'.'.join(map(str, err['loc']))}: {err['msg']}") from exc
 
     # job_status / job_result ------------------------------------------------------------------------------
 
@@ -474,6 +563,7 @@ class Surface:
         if args.reason and not args.force:
             raise Refusal(INVALID_ARGUMENTS, "reason goes with force: give force true, or no reason")
         with _ledger() as ledger:
+            self._verb_granted(ledger, "land", args.job)
             found = _find(ledger, args.job, "land")
             out = land_mod.land(ledger, found, into=args.into, mode=args.mode, force=args.force, reason=args.reason,
                                 via="mcp")
@@ -491,13 +581,15 @@ class Surface:
         if live.finished.is_set():
             raise Refusal(JOB_ENDED, f"job {live.job_id} has already ended: nothing to cancel")
         with _ledger() as ledger:
-            jobs_mod.note(ledger, "mcp.cancel", {"jobId": live.job_id, "reason": args.reason}, live.job_id)
+            jobs_mod.note(ledger, "mcp.cancel", {"jobId": live.job_id, "reason": args.reason, "client": self.client},
+                          live.job_id)
         live.cancelled = live.cancelled or args.reason
         return {"jobId": live.job_id, "cancelled": True, "reason": live.cancelled,
                 "next": "job_result (wait_s) for its CANCELLED result"}
 
     def discard(self, args: JobArgs) -> dict[str, Any]:
         with _ledger() as ledger:
+            self._verb_granted(ledger, "discard", args.job)
             found = _find(ledger, args.job, "discard")
             out = gc_mod.discard(ledger, found, via="mcp")
         if not out.ok:
@@ -627,12 +719,31 @@ def _arguments_refusal(exc: ValidationError) -> Refusal:
     return Refusal(code, f"{'.'.join(loc) or 'arguments'}: {err['msg']}{more}")
 
 
+def client_name(ctx: Ctx) -> str:
+    """The client's own `name version` from initialize (what it says of itself: a label, not a proof)."""
+    try:
+        info = ctx.session.client_params.client_info  # type: ignore[union-attr]
+        return visible(f"{info.name} {info.version}", most=120)
+    except AttributeError:
+        return "?"
+
+
+def offered(grants: Grants) -> list[ToolDef]:
+    """The tools this server lists: the review verbs only when granted (a model is not shown what it may not do)."""
+    return [t for t in TOOLS.values() if t.name not in VERBS or t.name in grants.verbs]
+
+
 async def call_tool(surface: Surface, ctx: Ctx, name: str, arguments: dict[str, Any] | None) -> types.CallToolResult:
     start = time.monotonic()
     tool = TOOLS.get(name)
+    surface.client = client_name(ctx)
     try:
         if tool is None:
             raise Refusal(UNKNOWN_TOOL, f"no tool {name!r} here (tools: {', '.join(TOOLS)})")
+        bad = bad_strings(arguments or {})
+        if bad:  # before any model sees it: a NUL reaches a path or SQLite as a 500-class failure otherwise
+            code = JobCode.INVALID_REQUEST.value if tool.args is RunAgentRequest else INVALID_ARGUMENTS
+            raise Refusal(code, bad)
         if tool.args is RunAgentRequest:
             args: Any = _validate_request(arguments or {})
         else:
@@ -650,8 +761,8 @@ async def call_tool(surface: Surface, ctx: Ctx, name: str, arguments: dict[str, 
     return answer
 
 
-def build_server(jobs: Jobs) -> Server[Surface]:
-    surface = Surface(jobs)
+def build_server(jobs: Jobs, grants: Grants | None = None) -> Server[Surface]:
+    surface = Surface(jobs, grants)
 
     @asynccontextmanager
     async def lifespan(_: Server[Surface]) -> AsyncIterator[Surface]:
@@ -666,7 +777,7 @@ def build_server(jobs: Jobs) -> Server[Surface]:
     async def list_tools(ctx: Ctx, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         return types.ListToolsResult(tools=[
             types.Tool(name=t.name, title=t.annotations.title, description=t.description, input_schema=t.schema(),
-                       annotations=t.annotations) for t in TOOLS.values()])
+                       annotations=t.annotations) for t in offered(surface.grants)])
 
     async def on_call(ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
         return await call_tool(surface, ctx, params.name, params.arguments)
@@ -692,12 +803,12 @@ def _wire() -> tuple[anyio.AsyncFile[str], anyio.AsyncFile[str]]:
     return anyio.wrap_file(reader), anyio.wrap_file(writer)
 
 
-def serve(jobs: Jobs) -> None:
+def serve(jobs: Jobs, grants: Grants | None = None) -> None:
     """Serve MCP on stdio until the client closes stdin; running jobs are cancelled and recorded first.
 
     A signal is the caller's to handle (`proctor mcp` calls `jobs.shutdown` and exits): unwinding the loop
     from one would wait forever on the thread blocked reading the client's still-open stdin."""
-    server = build_server(jobs)
+    server = build_server(jobs, grants)
     stdin, stdout = _wire()
 
     async def main() -> None:

@@ -40,6 +40,7 @@ def is_dangerous(ch: str) -> bool:
 
 # Candidates: anything but printable ASCII (and the backslash, which `visible` doubles); each is then checked.
 _VISIBLE_RE = re.compile(r"[^\x20-\x5b\x5d-\x7e]")
+_LINES_RE = re.compile(r"[^\t\n\x20-\x5b\x5d-\x7e]")
 _JSON_RE = re.compile(r"[^\x00-\x7e]")
 
 
@@ -56,10 +57,18 @@ def escape_char(ch: str) -> str:
     return f"\\U{code:08x}"
 
 
-def visible(text: object) -> str:
-    """`text` (str() of it when not a str) with every control, format and bidi character escaped."""
+def visible(text: object, *, lines: bool = False, most: int | None = None) -> str:
+    """`text` (str() of it when not a str) with every control, format and bidi character escaped.
+
+    The one way untrusted text is shown, on every surface (terminal, review page, SSE, MCP text): file and
+    branch names, summaries, risks, validation output, ledger payloads. `lines`: newlines (and tabs) are
+    kept, for a block of output shown as lines; every other control is still escaped. `most`: at most that
+    many characters of the text are shown, and the cut is said."""
     s = text if isinstance(text, str) else str(text)
-    return _VISIBLE_RE.sub(_visible_one, s)
+    cut = ""
+    if most is not None and len(s) > most:
+        s, cut = s[:most], f"… ({len(s) - most} more characters not shown)"
+    return (_LINES_RE if lines else _VISIBLE_RE).sub(_visible_one, s) + cut
 
 
 def _visible_one(m: re.Match[str]) -> str:

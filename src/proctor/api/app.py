@@ -6,7 +6,13 @@ request or payload that does not fit the schema 422, an unknown job 404, a resul
 that cannot take the job 503. Every refusal is `{"code": <stable code>, "detail": ...}`; nothing a client
 sends is echoed into an error it cannot serialize. Host, Origin, body size and deadlines are checked before
 any route, by `guard.RequestGuard`. It never signs on a caller's behalf: the caller's own signature is the
-authentication, and the target host's listener checks it again before anything runs.
+authentication of a POST, and the target host's listener checks it again before anything runs. A read
+(`GET /v1/jobs/...`) needs this install's token or a read signed by the job's own sender (`reads`): the job
+id is never a capability.
+
+Every page of the origin is proctor's: no interactive docs page (FastAPI's loads a script from a public CDN
+onto this origin), the OpenAPI document as JSON at /openapi.json only, the page's security headers on every
+response (`guard.SecurityHeaders`), and 404 for any other path.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from proctor.api.guard import HttpLimits, RequestGuard, allowed_names
+from proctor.api.guard import HttpLimits, RequestGuard, SecurityHeaders, allowed_names
+from proctor.api.reads import check_read
 from proctor.queue import sender
 from proctor.queue.backend import QueueBackend, check_name, valid_job_id
 from proctor.queue.envelope import EnvelopeError, Sealed, unseal, verify
@@ -122,6 +129,7 @@ def create_app(
     allow_hosts: Iterable[str] = (),
     limits: HttpLimits | None = None,
     review: Site | None = None,
+    read_token: str | None = None,
 ) -> FastAPI:
     """`sent`: where this API records the envelopes it accepted (default: `$PROCTOR_HOME/queue-sent`). A job's
     state and result are bound to that record (the host its envelope named, its digest), never to the job
@@ -132,20 +140,27 @@ def create_app(
     deadlines (serve the app with `guard.server_config` for the header deadline and connection cap).
 
     `backend_factory` None: no queue (`proctor serve --no-queue`); every /v1 route answers 503
-    QUEUE_DISABLED. `review`: the review page (proctor.web) under /review, behind the same guard."""
+    QUEUE_DISABLED. `review`: the review page (proctor.web) under /review, behind the same guard.
+    `read_token`: this install's token, which reads any job (`reads`); None: only signed reads."""
     state: dict[str, QueueBackend] = {}
     sent_store = sent or SentStore()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if backend_factory is None:
-            yield
+            try:
+                yield
+            finally:
+                if review is not None:
+                    review.close()  # the failed sign-ins of the window still open: one summary row each
             return
         state["backend"] = await backend_factory()
         try:
             yield
         finally:
             await state["backend"].close()
+            if review is not None:
+                review.close()
 
     def backend() -> QueueBackend:
         if "backend" not in state:
@@ -153,8 +168,18 @@ def create_app(
         return state["backend"]
 
     limits = limits or HttpLimits()
-    app = FastAPI(title="proctor queue", version="1", lifespan=lifespan)
+    app = FastAPI(title="proctor queue", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  swagger_ui_oauth2_redirect_url=None)
     app.add_middleware(RequestGuard, names=allowed_names(bind, allow_hosts), limits=limits)
+    app.add_middleware(SecurityHeaders)  # outermost: the guard's own refusals carry the headers too
+
+    def reader(request: Request, job_id: str) -> None:
+        """The read's credential, before anything of the job is looked up (`reads`)."""
+        known = sent_store.get(job_id)
+        refused = check_read(request.headers, request.method, request.url.path,
+                             sender=known.signer if known else None, trust=trust, token=read_token)
+        if refused is not None:
+            raise ApiError(refused.status, refused.code, refused.reason)
     errors: dict[int | str, dict[str, Any]] = {
         code: {"model": Problem} for code in (400, 401, 403, 404, 408, 413, 421, 422, 503)
     }
@@ -235,7 +260,8 @@ def create_app(
         return Accepted(jobId=done.job_id, target=done.target, lane=done.lane, kind=done.kind)
 
     @app.get("/v1/jobs/{job_id}", response_model=JobState, responses=errors)
-    async def get_job(job_id: str = JOB_ID) -> dict[str, Any]:
+    async def get_job(request: Request, job_id: str = JOB_ID) -> dict[str, Any]:
+        reader(request, job_id)
         out = await sender.status(backend(), trust, job_id, sent=sent_store)
         if out is None:
             raise ApiError(404, "UNKNOWN_JOB", f"no job {job_id}")
@@ -243,8 +269,10 @@ def create_app(
 
     @app.get("/v1/jobs/{job_id}/result", responses={**errors, 202: {"model": JobState}})
     async def get_result(
-        job_id: str = JOB_ID, wait: float = Query(0.0, ge=0.0, le=MAX_WAIT_S, description="Seconds to wait.")
+        request: Request, job_id: str = JOB_ID,
+        wait: float = Query(0.0, ge=0.0, le=MAX_WAIT_S, description="Seconds to wait."),
     ) -> Any:
+        reader(request, job_id)
         queue = backend()
         res = await sender.wait(queue, trust, job_id, wait, sent=sent_store)
         if isinstance(res, EnvelopeError) and res.code == "UNKNOWN_JOB":

@@ -6,8 +6,13 @@ Owns refusals made before any route runs, each a JSON body `{"code", "detail"}` 
 (a browser page of another origin; no CORS is ever granted), `BODY_TOO_LARGE` 413 (on Content-Length before
 a byte is read, and while a chunked body streams), `REQUEST_TIMEOUT` 408 (headers or body not complete in
 time; a kept-alive connection idle that long is just closed), `TOO_MANY_CONNECTIONS` 503 (at accept),
-`BAD_HTTP` 400 (what h11 cannot parse, a request line and headers over `max_header_bytes` included). It
-never looks at an envelope: the route and the queue code do, on a body already bounded here.
+`BAD_HTTP` 400 (what h11 cannot parse, a request line and headers over `max_header_bytes` included),
+`BAD_REQUEST` 400 (a NUL in the path or the query, encoded or not: measured, `?repo=%00` was a 500 with a
+traceback). It never looks at an envelope: the route and the queue code do, on a body already bounded here.
+
+`SecurityHeaders` puts the review page's headers (a CSP allowing only this origin's own script and style, no
+framing, no referrer to another origin, no caching) on every response of the origin, the API's JSON and
+every refusal included: no page of this origin is a way around them.
 """
 
 from __future__ import annotations
@@ -30,6 +35,14 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+                               "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
+    "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store", "Cross-Origin-Opener-Policy": "same-origin",
+    "Cross-Origin-Resource-Policy": "same-origin",
+}
+_SECURITY_RAW = [(k.lower().encode(), v.encode()) for k, v in SECURITY_HEADERS.items()]
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 WILDCARD_BINDS = ("", "0.0.0.0", "::", "[::]")
 FD_RESERVE = 64  # descriptors kept for the queue client, the ledger and logs when the cap follows RLIMIT_NOFILE
@@ -60,8 +73,9 @@ def error_body(code: str, detail: Any) -> bytes:
 def raw_response(status: int, reason: str, code: str, detail: str) -> bytes:
     """A whole HTTP/1.1 response that closes the connection, for refusals made outside any request cycle."""
     body = error_body(code, detail)
+    security = "".join(f"{k.lower()}: {v}\r\n" for k, v in SECURITY_HEADERS.items())
     head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-            "connection: close\r\n\r\n")
+            f"{security}connection: close\r\n\r\n")
     return head.encode() + body
 
 
@@ -153,6 +167,11 @@ class RequestGuard:
                 await refuse(send, 403, "FOREIGN_ORIGIN",
                              f"requests from origin {value.decode('latin-1')[:100]!r} are refused (no CORS)")
                 return
+        target = scope.get("raw_path") or scope.get("path", "").encode("utf-8", "surrogateescape")
+        query = scope.get("query_string") or b""
+        if b"\x00" in target or b"\x00" in query or b"%00" in target.lower() or b"%00" in query.lower():
+            await refuse(send, 400, "BAD_REQUEST", "the request's path or query holds a NUL character")
+            return
         lengths = [v for k, v in headers if k == b"content-length"]
         if lengths and lengths[0].strip().isdigit() and int(lengths[0]) > self.limits.max_body_bytes:
             await refuse(send, 413, "BODY_TOO_LARGE",
@@ -194,6 +213,26 @@ class RequestGuard:
             return await receive()  # after the body: only http.disconnect, which long polls listen for
 
         await self.app(scope, replay, send)
+
+
+class SecurityHeaders:
+    """Pure ASGI middleware: every response gets SECURITY_HEADERS unless a route set its own value."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                have = {k.lower() for k, _ in message.get("headers", [])}
+                message["headers"] = [*message.get("headers", []), *((k, v) for k, v in _SECURITY_RAW if k not in have)]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
 
 
 async def refuse(send: Send, status: int, code: str, detail: str) -> None:

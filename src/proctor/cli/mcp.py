@@ -50,10 +50,18 @@ class Stop:
               help="Jobs this server runs at once; run_agent refuses more (TOO_MANY_JOBS).")
 @click.option("--log-level", default="warning", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]), help="Of the log lines on stderr.")
-def mcp_cmd(config_file: str | None, max_jobs: int, log_level: str) -> None:
-    """Serve MCP on stdio: run_agent, job_status, job_result, list_jobs, diff, check_task, decide, land,
-    discard. Running jobs are cancelled (and recorded) when the client disconnects or on SIGTERM."""
-    from proctor.mcp_server import Jobs, config_problem, serve
+@click.option("--allow-verb", "verbs", multiple=True, type=click.Choice(["land", "discard"]),
+              help="Offer this review verb to the client (repeatable). Off by default: the model that asked for "
+                   "the work is not the one to land it. Each use is a ledger row naming the client.")
+@click.option("--may-set-validate-command", is_flag=True,
+              help="Let run_agent requests set validateCommand, holdout and a confine weaker than the config's, "
+                   "as a signer with may_set_validate_command may (all RCE-equivalent on this host).")
+def mcp_cmd(config_file: str | None, max_jobs: int, log_level: str, verbs: tuple[str, ...],
+            may_set_validate_command: bool) -> None:
+    """Serve MCP on stdio: run_agent, job_status, job_result, list_jobs, diff, cancel_job, check_task, decide
+    (and land, discard when allowed). Running jobs are cancelled (and recorded) when the client disconnects
+    or on SIGTERM."""
+    from proctor.mcp_server import Grants, Jobs, config_problem, serve
 
     logging.basicConfig(stream=sys.stderr, level=log_level.upper(),
                         format="proctor mcp: %(levelname)s %(name)s: %(message)s")
@@ -63,4 +71,4 @@ def mcp_cmd(config_file: str | None, max_jobs: int, log_level: str) -> None:
         sys.exit(2)
     jobs = Jobs(config_file, max_jobs)
     Stop(jobs).install()
-    serve(jobs)
+    serve(jobs, Grants(frozenset(verbs), may_set_validate_command))

@@ -9,6 +9,7 @@ a refusal or failure, named by its stable code on one stderr line; 2 for unusabl
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from typing import Any, NoReturn
 
@@ -85,7 +86,8 @@ def _cell(value: Any, missing: str = "") -> Text:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def jobs_cmd(repo: str | None, statuses: tuple[str, ...], as_json: bool) -> None:
     """List run-agent jobs: a job that started and never ended is `running` while its host lives, else
-    `interrupted`."""
+    `interrupted`. `needs-review`: the result's needs_human_review (yes unless it completed, validated,
+    changed something and raised no risk); the review state (landed, discarded) follows the status."""
     with _open() as ledger:
         found = jobs_mod.select(jobs_mod.load_jobs(ledger), repo=repo, statuses=statuses)
         _warn(jobs_mod.note(ledger, "review.jobs", {"ok": True, "repo": repo, "statuses": list(statuses),
@@ -97,7 +99,8 @@ def jobs_cmd(repo: str | None, statuses: tuple[str, ...], as_json: bool) -> None
         click.echo("no jobs")
         return
     table = Table(box=None, pad_edge=False, show_edge=False)
-    for col in ("job", "repo", "ticket", "agent", "status", "code", "review?", "age"):
+    # "needs-review", not "review?": `show` prints the review state (open, landed, discarded) as `state`.
+    for col in ("job", "repo", "ticket", "agent", "status", "code", "needs-review", "age"):
         table.add_column(col, no_wrap=True, overflow="fold")
     for j in found:
         status = j.status if j.state == "open" else f"{j.status}, {j.state}"
@@ -127,8 +130,9 @@ def show_cmd(job: str, as_json: bool) -> None:
 def _print_show(data: dict[str, Any]) -> None:
     con = _console()
     j = data["job"]
+    needs = {True: "yes", False: "no"}.get(j.get("needs_human_review"), "?")  # type: ignore[arg-type]
     con.print(Text.assemble((visible(j["jobId"]), "bold"), f"  {visible(j['status'])} ({visible(j['code'])})  "
-                            f"review: {visible(j['state'])}"))
+                            f"state: {visible(j['state'])}  needs-review: {needs}"))
     for key in ("repo", "ticket", "agent", "base", "branch", "commit", "worktreePath", "started", "ended"):
         if j.get(key) is not None:
             con.print(Text(f"  {key}: {visible(j[key])}"))
@@ -146,7 +150,8 @@ def _print_show(data: dict[str, Any]) -> None:
     for v in data["validation"] or [{"label": "none run"}]:
         took = f", {v['duration_s']} s" if v.get("duration_s") is not None else ""
         late = " (timed out)" if v.get("timed_out") else ""
-        con.print(Text(f"  {visible(v.get('label'))} => exit {visible(v.get('exit_code'))}{late}{took}"))
+        ended = _ended_as(v.get("exit_code"), j.get("code"))
+        con.print(Text(f"  {visible(v.get('label'))} => {visible(ended)}{late}{took}"))
         tail = (v.get("output_tail") or "").splitlines()[-SHOWN_TAIL_LINES:]
         for line in tail:
             con.print(Text(f"    | {visible(line)}", style="dim"))
@@ -163,6 +168,20 @@ def _print_show(data: dict[str, Any]) -> None:
         con.print(Text(f"  {visible(row['kind'])}: {visible(p.get('verdict') or p.get('allowed'))} "
                        f"{visible(p.get('tool') or p.get('host') or '')} {visible(p.get('code') or '')} "
                        f"{visible(p.get('reason') or '')}"))
+
+
+def _ended_as(exit_code: object, job_code: object) -> str:
+    """A validation step's end as a person reads it: a negative exit is a signal (`exit -15` read as a
+    failure code), and on a cancelled or stopped job that signal was proctor's own."""
+    if not isinstance(exit_code, int) or exit_code >= 0:
+        return f"exit {exit_code}"
+    try:
+        name = signal.Signals(-exit_code).name
+    except ValueError:
+        name = f"signal {-exit_code}"
+    if job_code in ("CANCELLED", "STOPPED"):
+        return f"{'cancelled' if job_code == 'CANCELLED' else 'stopped'} (killed by {name})"
+    return f"killed by {name}"
 
 
 # -- diff ----------------------------------------------------------------------------------------------
@@ -287,13 +306,27 @@ def discard_cmd(job: str, as_json: bool) -> None:
                + "".join(f"\n  deleted branch {visible(b)}" for b in freed["branches"]))
 
 
+def _gc_line(out: Outcome, dry_run: bool) -> str:
+    """What gc did, with the age it used: a person who ran `gc` and saw nothing freed learns why."""
+    d = out.details
+    total = d.get("would_free_bytes", 0) if dry_run else d.get("freed_bytes", 0)
+    age = d.get("older_than", "?")
+    line = (f"{'would free' if dry_run else 'freed'} {_mib(total)} of {len(d.get('jobs', []))} job(s) that "
+            f"ended more than {age} ago")
+    kept = d.get("kept_younger") or 0
+    if kept:
+        line += f"; {kept} ended job(s) younger than {age} kept (--older-than 0 takes them too)"
+    return line
+
+
 @main.command("gc")
-@click.option("--older-than", default="7d", show_default=True, help="Only jobs that ended this long ago "
-              "(s, m, h, d, w).")
+@click.option("--older-than", default=gc_mod.DEFAULT_AGE, show_default=True, help="Only jobs that ended this "
+              "long ago (s, m, h, d, w; 0 for every ended job).")
 @click.option("--dry-run", is_flag=True, help="Only list what would be removed and how much it frees.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 def gc_cmd(older_than: str, dry_run: bool, as_json: bool) -> None:
-    """Remove the worktrees, branches and objects of ended jobs, and of jobs whose host died."""
+    """Remove the worktrees, branches, objects and leftover TMPDIRs of jobs that ended (or whose host
+    died) more than --older-than ago: 7 days unless given."""
     age = gc_mod.parse_age(older_than)
     if age is None:
         _unusable(f"--older-than {older_than!r}: give a number with s, m, h, d or w (7d)")
@@ -311,8 +344,7 @@ def gc_cmd(older_than: str, dry_run: bool, as_json: bool) -> None:
                           _cell(", ".join(j["paths"] + [f"branch {b}" for b in j["branches"]])))
         if out.details.get("jobs"):
             _console().print(table)
-        total = out.details["would_free_bytes"] if dry_run else out.details["freed_bytes"]
-        click.echo(f"{'would free' if dry_run else 'freed'} {_mib(total)} of {len(out.details.get('jobs', []))} job(s)")
+        click.echo(_gc_line(out, dry_run))
     if not out.ok:
         click.echo(f"proctor: gc incomplete ({out.code.value}): {visible(out.reason)}", err=True)
         sys.exit(1)

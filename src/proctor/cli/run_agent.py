@@ -17,7 +17,7 @@ import click
 from pydantic import ValidationError
 
 from proctor.cli import main
-from proctor.config import ConfigError, load_config
+from proctor.config import ConfigError, load_config, plain_error
 from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status
 from proctor.job.host import refused, run_agent
 from proctor.progress import NullProgress, RichProgress, for_stderr
@@ -70,15 +70,21 @@ class Interrupt:
 
 
 def request_violations(exc: ValidationError) -> list[str]:
-    """pydantic's errors as one line each, naming the flag: `--ticket is required`."""
+    """pydantic's errors as one line each, naming the flag: `--ticket is required`, `--timeout 'soon' is
+    not a finite number` (the request's own checks name its fields, `timeoutSec`, which no user typed)."""
     out = []
     for err in exc.errors():
         field = str(err["loc"][0]) if err["loc"] else ""
         flag = FLAGS.get(field, field or "request")
         if err["type"] == "missing":
             out.append(f"invalid request: {REQUIRED.get(field, flag)} is required")
-        else:
-            out.append(f"invalid request: {flag}: {err['msg'].removeprefix('Value error, ')}")
+            continue
+        what = plain_error(err)
+        # "timeoutSec 'soon' is ..." -> "'soon' is ...": a field name the user never typed is dropped, the
+        # flag already leads the line ("ticket ..." stays: it reads as the flag's own word).
+        internal = next((name for name, f in FLAGS.items() if f == flag and name != flag.lstrip("-")
+                         and what.startswith(f"{name} ")), None)
+        out.append(f"invalid request: {flag}: {what.removeprefix(f'{internal} ') if internal else what}")
     return out
 
 
@@ -111,8 +117,9 @@ def emit(result: RunAgentResult, progress: RichProgress | NullProgress | None = 
 
 
 @main.command("run-agent")
-@click.option("--agent", help="Adapter key: codex, claude, gemini, grok, opencode, patch, or one from config.")
-@click.option("--task", help="The brief, as text.")
+@click.option("--agent", help="Adapter key: codex, claude, gemini, grok, opencode, patch (applies the unified "
+              "diff given as the task, offline), or one from config.")
+@click.option("--task", help="The brief, as text (for --agent patch: a unified diff, as `git diff` prints).")
 @click.option("--task-file", help="Read the brief from this file.")
 @click.option("--repo", help="Path of the git repo to work on (made absolute).")
 @click.option("--ticket", help="Ticket id, [A-Za-z0-9._-]+; part of the branch name.")
@@ -121,7 +128,8 @@ def emit(result: RunAgentResult, progress: RichProgress | NullProgress | None = 
 @click.option("--timeout", "timeout", type=str, help="Agent deadline in seconds, clamped to 60-14400 (default 1200).")
 @click.option("--validate-cmd", help="Shell command run in the worktree instead of autodetected tests.")
 @click.option("--confine", type=click.Choice(["auto", "required", "off"]), help="Confinement policy (default: config's).")
-@click.option("--config", "config_file", help="Config TOML (else $PROCTOR_CONFIG, else $PROCTOR_HOME/config.toml).")
+@click.option("--config", "config_file", help="Config TOML (else $PROCTOR_CONFIG, else $PROCTOR_HOME/config.toml; "
+              "$PROCTOR_HOME is ~/.proctor unless set).")
 @click.option("--task-decl", "task_decl", help="A declared task (JSON, as check-task reads it) every tool call of "
                                                "the agent's CLI is decided against (default: derived from the job).")
 def run_agent_cmd(agent, task, task_file, repo, ticket, branch, mode, timeout, validate_cmd, confine, config_file,
@@ -164,7 +172,7 @@ def run_agent_cmd(agent, task, task_file, repo, ticket, branch, mode, timeout, v
     try:
         config = load_config(config_file)
     except ConfigError as exc:
-        emit(refused(raw, [str(exc)], Code.CONFIG_INVALID, start))
+        emit(refused(raw, exc.problems, Code.CONFIG_INVALID, start))  # every problem a risk of its own
     interrupt.progress = progress = for_stderr()
     result = run_agent(request, config=config, progress=progress, cancel=interrupt.cancel)
     emit(result, progress, interrupt.received)

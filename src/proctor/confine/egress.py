@@ -1,13 +1,17 @@
 """The host's egress proxy: an agent's network is its adapter's declared `host[:port]` list, nothing else.
 
 Owns parsing egress entries, the allow decision (name or IP literal, port, and what the name resolves to)
-and the HTTP CONNECT proxy the host runs on a Unix socket for the length of one job. It never spawns the
+and the HTTP proxy the host runs on a Unix socket for the length of one job: CONNECT tunnels, and plain
+`http://` requests in absolute form (a local model server such as Ollama, vLLM or LM Studio speaks plain
+HTTP on loopback). It never spawns the
 agent; plan.py puts the agent in a network namespace with only loopback, where the Landlock helper's relay
 listens on 127.0.0.1 and forwards each TCP connection to this socket (bound into the sandbox).
 
 The shape follows Anthropic's sandbox-runtime (research/sandbox.md 1): netns + host proxy over a bound
 Unix socket + HTTPS_PROXY for the CLI. The rules:
-- a CONNECT is allowed only to a declared host:port (port 443 unless declared);
+- a CONNECT is allowed only to a declared host:port (port 443 unless declared); so is a plain request
+  (`GET http://host:port/path HTTP/1.1`, port 80 unless in the URL), each request on a kept-alive
+  connection decided and reported on its own, never a whole connection at once;
 - a declared *name* is resolved here, by the host, once, and the tunnel goes to that address: a name that
   resolves to any loopback, private, link-local, CGNAT, multicast or otherwise non-global address is refused
   (DNS rebinding, `localhost`); a declared IP *literal* is the operator's explicit choice and is allowed;
@@ -17,7 +21,9 @@ Unix socket + HTTPS_PROXY for the CLI. The rules:
   reason. Calls are serialised: one worker thread of the proxy's own makes them, one at a time (never
   concurrently), in the order decided, so a slow ledger write stalls no open tunnel. A tunnel opens only
   after its callback returned: a callback that raises or takes over `callback_timeout_s` turns an allowed
-  CONNECT into a refusal (no tunnel without its ledger row).
+  CONNECT into a refusal (no tunnel without its ledger row). A plain request's decision also carries
+  `scheme` "http", `method` and `path` (never the query: an API key may ride in it); refused, it is
+  answered 403 with the reason as text, and the connection closed.
 
 Usage (the host):
 
@@ -31,6 +37,7 @@ import asyncio
 import concurrent.futures
 import ipaddress
 import os
+import re
 import socket
 import threading
 import time
@@ -327,10 +334,14 @@ class EgressProxy:
             return
         line = head.split(b"\r\n", 1)[0].decode("latin-1")
         parts = line.split(" ")
+        if len(parts) == 3 and parts[2].startswith("HTTP/1.") and parts[1][:7].lower() == "http://":
+            await self._forward(reader, writer, head)
+            return
         if len(parts) != 3 or parts[0] != "CONNECT" or not parts[2].startswith("HTTP/1."):
             what = parts[0][:16] if parts else ""
             await self._report({"host": None, "port": None, "address": None, "addresses": [], "allowed": False,
-                                "method": what, "reason": "only HTTP CONNECT is proxied (plain http is refused)"})
+                                "method": what, "reason": "not a proxy request: only CONNECT and absolute-form "
+                                                          "http:// requests are proxied"})
             writer.write(b"HTTP/1.1 405 Method Not Allowed\r\nAllow: CONNECT\r\nContent-Length: 0\r\n\r\n")
             return
         try:
@@ -411,12 +422,307 @@ class EgressProxy:
             await asyncio.gather(*pumps, return_exceptions=True)
 
 
+    # --- plain http:// requests -------------------------------------------------------------------------
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes) -> None:
+        """Absolute-form requests on one client connection, one after another (keep-alive): each decided and
+        reported before a byte of it goes upstream; the upstream connection is kept while the next request
+        goes to the same address and port. A streamed answer (chunked, or up to the close) flows as it comes."""
+        meter = _Meter(self.limits.max_tunnel_bytes)
+        upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        try:
+            while True:
+                req = _request(head)
+                if isinstance(req, str):
+                    await self._report({"host": None, "port": None, "address": None, "addresses": [],
+                                        "allowed": False, "scheme": "http", "reason": req})
+                    writer.write(_refusal(400, "Bad Request", req))
+                    return
+                addresses, reason = await self.decide(req.host, req.port)
+                decision = {"host": req.host[:255], "port": req.port,
+                            "address": addresses[0] if addresses else None, "addresses": addresses,
+                            "allowed": bool(addresses), "reason": reason, "scheme": "http",
+                            "method": req.method[:16], "path": req.path[:200]}
+                if not await self._report(decision):
+                    why = reason if not addresses else "the decision could not be recorded, so nothing is sent"
+                    writer.write(_refusal(403, "Forbidden", f"http://{req.authority[:255]}: {why}"))
+                    return
+                upstream = await self._reuse_or_open(upstream, addresses, req.port)
+                if upstream is None:
+                    writer.write(_refusal(502, "Bad Gateway", f"cannot connect to {req.authority[:255]}"))
+                    return
+                if not await self._exchange(req, reader, writer, upstream, meter):
+                    return
+                # The next request may come after a tool has run for minutes: the idle bound, not the head's.
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.limits.idle_timeout_s)
+        finally:
+            if upstream is not None:
+                await _close(upstream[1])
+
+    async def _reuse_or_open(self, current: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None,
+                             addresses: list[str], port: int
+                             ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """The open upstream connection when it goes to one of the addresses just decided, else a new one: a
+        connection is never reused for an endpoint other than the one this request was allowed."""
+        if current is not None:
+            peer = current[1].get_extra_info("peername") or ("", 0)
+            if peer[0] in addresses and peer[1] == port and not current[0].at_eof():
+                return current
+            await _close(current[1])
+        return await self._open(addresses, port)
+
+    async def _exchange(self, req: _Request, cr: asyncio.StreamReader, cw: asyncio.StreamWriter,
+                        up: tuple[asyncio.StreamReader, asyncio.StreamWriter], meter: _Meter) -> bool:
+        """One request and its response; True when the connection can carry the next request. The request
+        body is sent while the response is awaited: a server may answer (a 100 Continue, an early 413) first."""
+        ur, uw = up
+        idle = self.limits.idle_timeout_s
+        uw.write(req.upstream_head())
+        upload = asyncio.ensure_future(_copy_body(cr, uw, req.framing, req.length, meter, idle))
+        try:
+            try:
+                resp = await self._response_head(ur, cw, req.method, meter)
+            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError,
+                    ValueError) as exc:
+                cw.write(_refusal(502, "Bad Gateway", f"no usable answer from {req.authority[:255]}: "
+                                                      f"{exc or type(exc).__name__}"[:300]))
+                return False
+            await _copy_body(ur, cw, resp.framing, resp.length, meter, idle)
+            if not upload.done():
+                return False  # answered before the whole request arrived: the rest cannot be framed
+            upload.result()
+            return req.keep_alive and resp.keep_alive
+        finally:
+            if not upload.done():
+                upload.cancel()
+                await asyncio.gather(upload, return_exceptions=True)
+
+    async def _response_head(self, ur: asyncio.StreamReader, cw: asyncio.StreamWriter, method: str,
+                             meter: _Meter) -> _Response:
+        """Relay the response head, and any interim (1xx) heads before it, to the client."""
+        while True:
+            head = await asyncio.wait_for(ur.readuntil(b"\r\n\r\n"), self.limits.idle_timeout_s)
+            resp = _response(head, method)
+            meter.add(len(head))
+            cw.write(head)
+            await cw.drain()
+            if not resp.interim:
+                return resp
+
+
 async def _close(writer: asyncio.StreamWriter) -> None:
     try:
         writer.close()
         await asyncio.wait_for(writer.wait_closed(), 1)
     except (OSError, asyncio.TimeoutError, RuntimeError):
         pass
+
+
+# --- HTTP/1.1 framing for plain requests (RFC 9112): strict where a lax reading lets a request smuggle --
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,15}")
+# Hop-by-hop: they describe the client's connection to the proxy, not the proxy's to the server. `Upgrade`
+# is dropped too: a switched protocol (a WebSocket) would be an opaque stream, past per-request decisions.
+_HOP = frozenset({"connection", "proxy-connection", "keep-alive", "proxy-authorization", "proxy-authenticate",
+                  "te", "upgrade", "host"})
+
+
+@dataclass(frozen=True)
+class _Request:
+    method: str
+    authority: str  # host[:port] as in the URL: the Host header upstream
+    host: str
+    port: int
+    target: str  # origin-form, path?query, what the server is sent
+    version: str
+    headers: tuple[tuple[str, str], ...]
+    framing: str  # none | length | chunked
+    length: int
+    keep_alive: bool
+
+    @property
+    def path(self) -> str:
+        """The target without its query, for the ledger: an API key may ride in the query."""
+        return self.target.split("?", 1)[0]
+
+    def upstream_head(self) -> bytes:
+        dropped = _HOP | _listed(self.headers)
+        lines = [f"{self.method} {self.target} {self.version}", f"Host: {self.authority}"]
+        lines += [f"{k}: {v}" for k, v in self.headers if k.lower() not in dropped]
+        if not self.keep_alive:
+            lines.append("Connection: close")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+@dataclass(frozen=True)
+class _Response:
+    interim: bool  # a 1xx head before the real one
+    framing: str  # none | length | chunked | close
+    length: int
+    keep_alive: bool
+
+
+def _headers(lines: list[str]) -> list[tuple[str, str]] | str:
+    out = []
+    for line in lines:
+        name, sep, value = line.partition(":")
+        if not sep or not _TOKEN.fullmatch(name):
+            return f"malformed header line {line[:60]!r} (no folding, no space before the colon)"
+        if "\n" in value or "\r" in value or "\0" in value:
+            return f"header {name[:60]!r} holds a bare CR, LF or NUL"
+        out.append((name, value.strip(" \t")))
+    return out
+
+
+def _values(headers: Iterable[tuple[str, str]], name: str) -> list[str]:
+    return [v.strip().lower() for k, v in headers if k.lower() == name for v in v.split(",") if v.strip()]
+
+
+def _listed(headers: Iterable[tuple[str, str]]) -> set[str]:
+    """The headers `Connection` names as hop-by-hop; never the framing ones (a request naming them would
+    otherwise have its own framing stripped on the way upstream)."""
+    return set(_values(headers, "connection")) - {"content-length", "transfer-encoding"}
+
+
+def _framing(headers: list[tuple[str, str]], *, request: bool) -> tuple[str, int] | str:
+    codings = _values(headers, "transfer-encoding")
+    lengths = set(_values(headers, "content-length"))
+    if codings and lengths:
+        return "both Transfer-Encoding and Content-Length: refused (request smuggling)"
+    if codings:
+        if codings[-1] == "chunked":
+            return "chunked", 0
+        return "a request body must be chunked last" if request else ("close", 0)
+    if len(lengths) > 1 or (lengths and not next(iter(lengths)).isdigit()):
+        return "an invalid or repeated Content-Length"
+    if lengths:
+        return "length", int(next(iter(lengths)))
+    return ("none", 0) if request else ("close", 0)
+
+
+def _request(head: bytes) -> _Request | str:
+    """A plain proxy request head, or why it is refused."""
+    lines = head[:-4].decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or parts[2] not in ("HTTP/1.0", "HTTP/1.1"):
+        return f"not an HTTP/1.x request line: {lines[0][:80]!r}"
+    method, url, version = parts
+    if url[:7].lower() != "http://":
+        return "not an absolute http:// URL (https goes through CONNECT)"
+    rest = url[7:]
+    cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    authority, target = rest[:cut], rest[cut:] or "/"
+    if "#" in url or "@" in authority or not authority:
+        return "the URL has a fragment, a user part or no host"
+    try:
+        host, port_text = _split(authority)
+    except ValueError as exc:
+        return str(exc)
+    if not host or (port_text is not None and not (port_text.isdigit() and 0 < int(port_text) < 65536)):
+        return f"malformed host or port in {authority[:80]!r}"
+    headers = _headers(lines[1:])
+    if isinstance(headers, str):
+        return headers
+    framing = _framing(headers, request=True)
+    if isinstance(framing, str):
+        return framing
+    keep = version == "HTTP/1.1" and "close" not in _values(headers, "connection")
+    return _Request(method, authority, host, int(port_text or 80), target if target[0] == "/" else "/" + target,
+                    version, tuple(headers), framing[0], framing[1], keep)
+
+
+def _response(head: bytes, method: str) -> _Response:
+    """An upstream response head; ValueError when it cannot be relayed with its framing known."""
+    lines = head[:-4].decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or parts[0] not in ("HTTP/1.0", "HTTP/1.1") or not re.fullmatch(r"[1-5]\d\d", parts[1]):
+        raise ValueError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
+    status = int(parts[1])
+    if status == 101:
+        raise ValueError("a protocol switch (101) is not proxied")
+    headers = _headers(lines[1:])
+    if isinstance(headers, str):
+        raise ValueError(headers)
+    if status < 200:
+        return _Response(True, "none", 0, True)
+    framing = ("none", 0) if method == "HEAD" or status in (204, 304) else _framing(headers, request=False)
+    if isinstance(framing, str):
+        raise ValueError(framing)
+    keep = parts[0] == "HTTP/1.1" and framing[0] != "close" and "close" not in _values(headers, "connection")
+    return _Response(False, framing[0], framing[1], keep)
+
+
+class _Meter:
+    """Bytes relayed on one client connection, both ways, against the per-tunnel bound."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.total = limit, 0
+
+    def add(self, n: int) -> None:
+        self.total += n
+        if self.total > self.limit:
+            raise OSError("tunnel byte limit reached")
+
+
+async def _read(src: asyncio.StreamReader, n: int, idle_s: float) -> bytes:
+    data = await asyncio.wait_for(src.read(n), idle_s)
+    if not data:
+        raise asyncio.IncompleteReadError(b"", n)
+    return data
+
+
+async def _send(dst: asyncio.StreamWriter, data: bytes, meter: _Meter) -> None:
+    meter.add(len(data))
+    dst.write(data)
+    await dst.drain()
+
+
+async def _copy_body(src: asyncio.StreamReader, dst: asyncio.StreamWriter, framing: str, length: int,
+                     meter: _Meter, idle_s: float) -> None:
+    """Relay one message body as framed, chunk by chunk as it arrives (a model's streamed answer)."""
+    if framing == "length":
+        while length > 0:
+            data = await _read(src, min(length, 65536), idle_s)
+            length -= len(data)
+            await _send(dst, data, meter)
+    elif framing == "close":
+        while data := await asyncio.wait_for(src.read(65536), idle_s):
+            await _send(dst, data, meter)
+    elif framing == "chunked":
+        await _copy_chunks(src, dst, meter, idle_s)
+
+
+async def _copy_chunks(src: asyncio.StreamReader, dst: asyncio.StreamWriter, meter: _Meter, idle_s: float) -> None:
+    while True:
+        line = await asyncio.wait_for(src.readuntil(b"\r\n"), idle_s)
+        size_text = line[:-2].split(b";", 1)[0].strip(b" \t")
+        if not _CHUNK_SIZE.fullmatch(size_text):
+            raise ValueError(f"malformed chunk size line {line[:40]!r}")
+        await _send(dst, line, meter)
+        size = int(size_text, 16)
+        if size == 0:
+            break
+        left = size
+        while left > 0:
+            data = await _read(src, min(left, 65536), idle_s)
+            left -= len(data)
+            await _send(dst, data, meter)
+        if await asyncio.wait_for(src.readexactly(2), idle_s) != b"\r\n":
+            raise ValueError("a chunk does not end in CRLF")
+        await _send(dst, b"\r\n", meter)
+    while True:  # trailer fields, then the empty line that ends the message
+        line = await asyncio.wait_for(src.readuntil(b"\r\n"), idle_s)
+        await _send(dst, line, meter)
+        if line == b"\r\n":
+            return
+
+
+def _refusal(status: int, phrase: str, reason: str) -> bytes:
+    """A refusal the agent's CLI can show: the reason as text, and the connection closed after it."""
+    body = f"proctor egress proxy: {reason}\n".encode("utf-8", "replace")
+    return (f"HTTP/1.1 {status} {phrase}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
 
 
 PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")

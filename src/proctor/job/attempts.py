@@ -2,12 +2,17 @@
 
 Owns the retry rule (once, on a nonzero exit, in the same worktree; never after a timeout, a rate limit, an
 approval stall, a stop, a cancel or a host kill, nor for an adapter that declares `retry = false`) and
-turning each `Exit` into a status, a code and risks.
+turning each `Exit` into a status, a code and risks. A program that is not there is AGENT_NOT_FOUND before
+any launch, never retried (issue 24: confined, it read as "the agent tried something its confinement
+refused: exec codex: No such file" and ran twice).
 It never reads the agent's claims for the verdict and never touches git: the host does both.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -15,6 +20,7 @@ from pathlib import Path
 
 from proctor.adapters.output import READERS, WATCHERS, Backend, Reading, Usage
 from proctor.adapters.spec import AdapterSpec
+from proctor.confine.bwrap import tmpfs_dirs
 from proctor.contract import Code, Status
 from proctor.job.classify import Patterns, classify, misconfigured
 from proctor.job.process import Exit, ProcessRunner, Spawn, Watch
@@ -23,6 +29,12 @@ from proctor.progress import Progress
 MAX_ATTEMPTS = 2  # one retry on a nonzero exit, unless the adapter declares retry = false
 
 BLOCKED_MARKERS = ("Read-only file system", "Permission denied", "Operation not permitted", "proctor-landlock:")
+# The Landlock helper's own words when its exec of the agent failed (confine/landlock_exec.c, exit 127), and
+# bubblewrap's: the program is not there, which is no refusal of the confinement's.
+_EXEC_MISSING = re.compile(r"^(?:proctor-landlock: exec|bwrap: execvp) (.+?): (?:No such file or directory|"
+                           r"Not a directory)$", re.MULTILINE)
+EXIT_NOT_FOUND = 127  # a shell's "command not found", and the Landlock helper's failed exec
+_ABS_PATH = re.compile(r"(?<![\w.~-])(/[\w.+@%-]+(?:/[\w.+@%-]+)*)")
 
 
 @dataclass
@@ -43,12 +55,59 @@ class Outcome:
 
 
 def blocked_line(ex: Exit) -> str | None:
-    """A line of the agent's output that shows its confinement refusing it something, if any."""
+    """A line of the agent's output that shows its confinement refusing it something, if any (a failed
+    exec of a missing program is not one: see `exec_missing`)."""
     text = (ex.stderr[-200_000:] + b"\n" + ex.stdout[-200_000:]).decode("utf-8", "replace")
     for line in text.splitlines():
-        if any(m in line for m in BLOCKED_MARKERS):
+        if any(m in line for m in BLOCKED_MARKERS) and not _EXEC_MISSING.match(line.strip()):
             return line.strip()[:300]
     return None
+
+
+def missing_program(program: str, path: str | None, cwd: Path) -> str | None:
+    """Why the agent's program cannot be started, seen before anything launches: a name on no directory
+    of the PATH the agent gets, or a path that is no executable file. None: it can be started."""
+    if os.sep in program:
+        where = Path(program) if os.path.isabs(program) else cwd / program
+        if where.is_file() and os.access(where, os.X_OK):
+            return None
+        return (f"agent program {program!r} is not an executable file" if where.exists() else
+                f"agent program {program!r} does not exist")
+    if shutil.which(program, path=path) is not None:
+        return None
+    dirs = [d for d in (path or "").split(os.pathsep) if d]
+    shown = os.pathsep.join(dirs[:8]) + (f"{os.pathsep}... ({len(dirs)} dirs)" if len(dirs) > 8 else "")
+    return f"agent program {program!r} was not found on the PATH the agent gets ({shown or 'empty'})"
+
+
+def exec_missing(ex: Exit) -> str | None:
+    """The program the confinement's exec could not find, from the wrapper's own last words."""
+    if ex.exit_code not in (1, EXIT_NOT_FOUND):
+        return None
+    m = _EXEC_MISSING.search(ex.stderr[-4096:].decode("utf-8", "replace"))
+    return m.group(1) if m else None
+
+
+def tmpfs_hint(exit_code: int | None, output: str, path: str | None) -> str | None:
+    """Why an exit 127 ("not found") under bubblewrap may be the sandbox's doing: a path it names, or a
+    PATH directory, under a dir the sandbox replaces with a private, empty tmpfs (/tmp, /var/tmp, /run).
+    Found in issue 24: a tool installed under /tmp was `not found` with no hint why."""
+    if exit_code != EXIT_NOT_FOUND:
+        return None
+    roots = [Path(d) for d in tmpfs_dirs()]
+
+    def under(p: str) -> Path | None:
+        return next((r for r in roots if r in Path(p).parents), None)
+
+    named = [p for p in _ABS_PATH.findall(output[-8192:]) if under(p)]
+    on_path = [d for d in (path or "").split(os.pathsep) if d.startswith("/") and under(d)]
+    hit = (named or on_path or [None])[0]
+    if hit is None:
+        return None
+    root = under(hit)
+    what = "it names" if named else "on its PATH"
+    return (f"exit 127 (not found): {hit} ({what}) is under {root}, which the sandbox replaces with a private, "
+            f"empty tmpfs: nothing there is visible to the job; install the tool outside {root}")
 
 
 def run_attempts(
@@ -69,6 +128,13 @@ def run_attempts(
 ) -> Outcome:
     """Run the agent; the deadline is the job's, shared by both attempts (a retry gets what is left)."""
     out = Outcome()
+    missing = missing_program(spec.command[0], env.get("PATH"), cwd)
+    if missing is not None:
+        # Before the first spawn: a retry, or a sandbox, cannot make a program appear.
+        out.code = Code.AGENT_NOT_FOUND
+        out.risks.append(f"{missing}; nothing was launched (not retried)")
+        out.reading = Reading(summary=f"{spec.name}: {missing}")
+        return out
     patterns = Patterns.build(spec.rate_limit_patterns, spec.approval_patterns)
     deadline = time.monotonic() + timeout_s
     last: Exit | None = None
@@ -88,7 +154,7 @@ def run_attempts(
                                            last.stderr.decode("utf-8", "replace"))
         out.usage = out.reading.usage.plus(out.usage) if out.reading.usage else out.usage
         out.launched = out.launched or (last.launched and not last.spawn_error)
-        _note_side_effects(out, last, confined)
+        _note_side_effects(out, last, confined, env.get("PATH"), bwrapped=bool(argv) and Path(argv[0]).name == "bwrap")
         if _decided(out, last, patterns, spec, timeout_s):
             break
         if attempt < tries and deadline - time.monotonic() > 1:
@@ -107,10 +173,14 @@ def run_attempts(
     return out
 
 
-def _note_side_effects(out: Outcome, ex: Exit, confined: bool) -> None:
+def _note_side_effects(out: Outcome, ex: Exit, confined: bool, path: str | None = None,
+                       bwrapped: bool = False) -> None:
     blocked = blocked_line(ex) if confined else None
     if blocked:
         out.risks.append(f"the agent tried something its confinement refused: {blocked!r}")
+    hint = tmpfs_hint(ex.exit_code, ex.stderr.decode("utf-8", "replace"), path) if bwrapped else None
+    if hint:
+        out.risks.append(hint)
     if ex.leftovers_killed:
         out.risks.append(f"the agent left {ex.leftovers_killed} process(es) running after it exited; "
                          f"killed by {ex.cleanup}")
@@ -126,6 +196,15 @@ def _decided(out: Outcome, ex: Exit, patterns: Patterns, spec: AdapterSpec, time
         missing = ex.spawn_error.startswith(("FileNotFoundError", "PermissionError", "NotADirectoryError"))
         out.status, out.code = Status.failed, Code.AGENT_NOT_FOUND if missing else Code.HOST_ERROR
         out.risks.append(f"agent {agent!r} could not be started: {ex.spawn_error}")
+        out.reading = replace(out.reading, summary=out.reading.summary or f"{agent} could not be started")
+        return True
+    gone = exec_missing(ex) if not ex.killed_reason and not ex.timed_out else None
+    if gone is not None:
+        # Seen on the host's PATH, yet not inside the sandbox (a dir it hides): the same next time.
+        out.status, out.code = Status.failed, Code.AGENT_NOT_FOUND
+        out.risks.append(f"agent program {gone!r} was not found inside the sandbox (exit {ex.exit_code}); "
+                         "not retried")
+        out.reading = replace(out.reading, summary=f"{agent}: program {gone!r} not found inside the sandbox")
         return True
     if ex.timed_out:
         out.status, out.code = Status.timed_out, Code.TIMED_OUT

@@ -55,21 +55,173 @@ CODEX_TOOLS: dict[str, tuple[Effect, bool]] = {
     "Bash": (Effect.shell, False),
     "apply_patch": (Effect.write, False),
     "webrun": (Effect.network, True),
+    # The MCP resource tool reaches the user's MCP server processes: a program of theirs runs.
+    "read_mcp_resource": (Effect.shell, False),
 }
 HOOK_SCRIPT = "codex-hook.sh"
 # Characters that would break out of the hook command in gate_args (a TOML literal string holding a
 # double-quoted shell word): a gate dir holding one is refused, never quoted around.
 _UNSAFE_DIR = re.compile(r"[\"'$`\\\x00-\x1f\x7f]")
-_PATCH_PATH = re.compile(r"^\*\*\* (?:Add File|Update File|Delete File|Move to): (.+?)\s*$", re.M)
 # How an item shows a command: the shell codex ran it with (`/bin/bash -lc <word>`), then the command.
 _SHELL_PREFIX = re.compile(r"^\s*(?:\S*/)?(?:bash|zsh|sh|dash)\s+-l?c\s+")
 _QUOTING = re.compile(r"[\s'\"\\]+")
 ITEM_KINDS = {"command_execution": "exec", "file_change": "patch", "mcp_tool_call": "mcp"}
 
+# --- codex's patch grammar, as codex-rs/apply-patch/src/parser.rs parses it (lenient mode, the only one it
+# uses) --------------------------------------------------------------------------------------------------
+# The gate must see every file a patch touches exactly as codex will: a regex anchored at the line start
+# missed a header codex trims (`  *** Add File: ../x`), and that hunk wrote outside the worktree (issue 22,
+# item 1). So this is a line-for-line port: same trims, same prefixes, same hunk ends; what codex would
+# reject is a PatchError here too, and a call the gate cannot parse is refused, never guessed at.
+BEGIN, END = "*** Begin Patch", "*** End Patch"
+ADD, DELETE, UPDATE, MOVE = "*** Add File: ", "*** Delete File: ", "*** Update File: ", "*** Move to: "
+EOF_MARK = "*** End of File"
+# Rust's `char::is_whitespace` (Unicode White_Space): what `str::trim` strips. Python's `str.strip()` also
+# strips U+001C..U+001F, which Rust keeps: a header padded with one is no header to codex.
+_RUST_WS = ("\t\n\x0b\x0c\r \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B)))
+            + "\u2028\u2029\u202f\u205f\u3000")
+_HEREDOC_OPENERS = ("<<EOF", "<<'EOF'", '<<"EOF"')
+# `cd <dir> && apply_patch <<'EOF' ... EOF`, the one shell form codex intercepts and applies itself (its
+# invocation.rs tree-sitter query; the patch then resolves against cwd/<dir>). Deliberately narrower than
+# that query: a command naming apply_patch with a patch in it that this does not match is refused.
+_HEREDOC = re.compile(
+    r"\A(?:cd[ \t]+(?P<cd>[A-Za-z0-9_./@%+=:,-]+|'[^'\n]*')[ \t]*&&[ \t]*)?"
+    r"(?:apply_patch|applypatch)[ \t]*<<[ \t]*(?P<q>['\"]?)(?P<tag>[A-Za-z_][A-Za-z0-9_]*)(?P=q)[ \t]*\n"
+    r"(?P<body>(?:.*\n)*?)(?P=tag)\n?\Z")
+_LONE_CR = re.compile(r"\r(?!\n)")
+_NAMES_PATCH = re.compile(r"\b(?:apply_patch|applypatch)\b")
+
+
+class PatchError(ValueError):
+    """A patch codex would not apply as written, or one the gate cannot read exactly as codex does."""
+
+
+@dataclass(frozen=True)
+class Hunk:
+    op: str  # add | delete | update
+    path: str
+    move_to: str | None = None
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return (self.path,) if self.move_to is None else (self.path, self.move_to)
+
+
+def _trim(s: str) -> str:
+    return s.strip(_RUST_WS)
+
+
+def _lines(s: str) -> list[str]:
+    """Rust's `str::lines`: split on \\n, a \\r before it dropped, no last empty line. Not `splitlines`,
+    which also splits on \\v, \\f, \\x1c-\\x1e, \\x85 and U+2028/9: a header hidden behind one of those is a
+    line of its own to Python and part of another line to codex."""
+    parts = s.split("\n")
+    last = parts.pop()  # the one part no \\n ends: its \\r stays, as in Rust
+    lines = [p[:-1] if p.endswith("\r") else p for p in parts]
+    return [*lines, last] if last else lines
+
+
+def _body(lines: list[str]) -> list[str]:
+    """The hunk lines between the markers: strict first, then codex's lenient `<<EOF ... EOF` wrapper."""
+    def strict(ls: list[str]) -> list[str] | None:
+        if ls and _trim(ls[0]) == BEGIN and _trim(ls[-1]) == END and len(ls) >= 2:
+            return ls[1:-1]
+        return None
+
+    found = strict(lines)
+    if found is None and len(lines) >= 4 and lines[0] in _HEREDOC_OPENERS and lines[-1].endswith("EOF"):
+        found = strict(lines[1:-1])
+    if found is None:
+        raise PatchError("the patch must start with '*** Begin Patch' and end with '*** End Patch'")
+    return found
+
+
+def _chunk(lines: list[str], first: bool) -> int:
+    """How many lines one update chunk takes (parse_update_file_chunk)."""
+    if lines[0] == "@@" or lines[0].startswith("@@ "):
+        start = 1
+    elif first:
+        start = 0
+    else:
+        raise PatchError(f"expected an update chunk to start with @@, got {lines[0][:80]!r}")
+    if start >= len(lines):
+        raise PatchError("an update chunk has no lines")
+    taken = 0
+    for line in lines[start:]:
+        if line == EOF_MARK:
+            if taken == 0:
+                raise PatchError("an update chunk has no lines")
+            taken += 1
+            break
+        if line[:1] in ("", " ", "+", "-"):
+            taken += 1
+        elif taken == 0:
+            raise PatchError(f"unexpected line in an update chunk: {line[:80]!r}")
+        else:
+            break
+    return taken + start
+
+
+def _hunk(lines: list[str]) -> tuple[Hunk, int]:
+    """One hunk from the start of `lines`, and how many lines it took (parse_one_hunk)."""
+    first = _trim(lines[0])
+    if first.startswith(ADD):
+        n = 1
+        while n < len(lines) and lines[n].startswith("+"):
+            n += 1
+        return Hunk("add", first[len(ADD):]), n
+    if first.startswith(DELETE):
+        return Hunk("delete", first[len(DELETE):]), 1
+    if not first.startswith(UPDATE):
+        raise PatchError(f"{first[:80]!r} is not a valid hunk header")
+    path, move, n = first[len(UPDATE):], None, 1
+    if len(lines) > 1 and lines[1].startswith(MOVE):  # untrimmed, as codex reads it
+        move, n = lines[1][len(MOVE):], 2
+    chunks = 0
+    while n < len(lines):
+        if not _trim(lines[n]):
+            n += 1
+            continue
+        if lines[n].startswith("*"):
+            break
+        n += _chunk(lines[n:], first=chunks == 0)
+        chunks += 1
+    if chunks == 0:
+        raise PatchError(f"the update hunk for {path[:80]!r} is empty")
+    return Hunk("update", path, move), n
+
+
+def parse_patch(text: str) -> list[Hunk]:
+    """Every hunk of an apply_patch text, as codex 0.171 parses it; PatchError where codex would fail."""
+    if _LONE_CR.search(text):
+        # Measured against codex 0.171's apply_patch: a \r that ends no line vanished from the path it sat
+        # in (`..\r/` would become `../`). Not in the parser source read here, so not mirrored: refused.
+        raise PatchError("a carriage return that ends no line (codex drops it; the gate does not guess how)")
+    lines = _body(_lines(_trim(text)))
+    hunks, i = [], 0
+    while i < len(lines):
+        hunk, n = _hunk(lines[i:])
+        hunks.append(hunk)
+        i += n
+    return hunks
+
+
+def shell_patch(command: str) -> tuple[str, str | None] | None:
+    """(patch, cd dir) when a shell command is one codex applies itself (`[cd DIR &&] apply_patch <<EOF`);
+    None when it names no patch. PatchError when it names apply_patch and holds a patch in a form the gate
+    cannot tell codex's reading of (the shell would run codex's `apply_patch` alias with it)."""
+    m = _HEREDOC.match(command.strip())
+    if m is not None:
+        cd = m.group("cd")
+        return m.group("body").rstrip("\n"), (cd[1:-1] if cd and cd.startswith("'") else cd)
+    if _NAMES_PATCH.search(command) and BEGIN in command:
+        raise PatchError("a shell command runs apply_patch in a form the gate cannot read as codex does")
+    return None
+
 
 def patch_paths(text: str) -> list[str]:
-    """Every file an apply_patch text adds, updates, deletes or moves to, as written in it."""
-    return [m.group(1) for m in _PATCH_PATH.finditer(text)] if "*** Begin Patch" in text else []
+    """Every file an apply_patch text adds, updates, deletes or moves to, as codex reads them."""
+    return [p for h in parse_patch(text) for p in h.paths]
 
 
 def command_key(command: str) -> str:
@@ -113,10 +265,7 @@ class CodexDialect:
         text = args.get("command") if isinstance(args.get("command"), str) else ""
         if tool == "apply_patch" and not text:
             text = next((v for v in args.values() if isinstance(v, str)), "")
-        # A patch names its files relative to the session's cwd; a shell command may carry one too
-        # (`apply_patch <<'EOF'`, which codex intercepts and applies itself).
-        written = patch_paths(text) if tool in ("apply_patch", "Bash") else []
-        paths = [p if p.startswith("/") else f"{cwd.rstrip('/')}/{p}" for p in written]
+        written, paths, unparsed = self._written(tool, text, cwd)
         call_id = str(payload.get("tool_use_id") or "")
         with self._lock:
             if not call_id:
@@ -131,7 +280,30 @@ class CodexDialect:
                 keys["mcp"] = tool
             if keys and call_id not in self._asked:
                 self._asked[call_id] = _Granted(call_id, frozenset(keys), keys)
-        return {"tool": tool, "arguments": args, "paths": paths, "call_id": call_id}
+        call = {"tool": tool, "arguments": args, "paths": paths, "call_id": call_id}
+        return {**call, "unparsed": unparsed} if unparsed else call
+
+    @staticmethod
+    def _written(tool: str, text: str, cwd: str) -> tuple[list[str], list[str], str]:
+        """The files a call's patch touches, as written and as paths for the gate (relative to the session's
+        cwd, or to `cd DIR` of a shell-form patch), and why the input cannot be read as codex reads it ("")
+        when it cannot: then the gate refuses the call rather than decide a guess."""
+        if tool not in ("apply_patch", "Bash"):
+            return [], [], ""
+        try:
+            if tool == "Bash":
+                found = shell_patch(text)
+                if found is None:
+                    return [], [], ""
+                text, cd = found
+                if cd:
+                    cwd = cd if cd.startswith("/") else f"{cwd.rstrip('/')}/{cd}"
+            written = patch_paths(text)
+        except PatchError as exc:
+            return [], [], f"codex's apply_patch grammar: {exc}"
+        if any(not p or "\x00" in p for p in written):
+            return [], [], "codex's apply_patch grammar: a hunk names an empty path"
+        return written, [p if p.startswith("/") else f"{cwd.rstrip('/')}/{p}" for p in written], ""
 
     def answer(self, d: Decision) -> Answer:
         from proctor.job.gatekeeper import Answer
@@ -171,11 +343,18 @@ class CodexDialect:
         """None: gate_args name the hook; CODEX_HOME (and so the user's auth) stays as it is."""
         return {}
 
+    def confirms(self, tool: str, verdict: str) -> bool:
+        """Whether codex's `--json` stream shows a call like this when codex made it (GateService.reconcile):
+        only granted ones, of the kinds that have items (a refused call, `webrun`, MCP resources show none)."""
+        return verdict == CallVerdict.run.value and (tool in ("Bash", "apply_patch") or tool.startswith("mcp__"))
+
     def tool_uses(self, stdout: str) -> list[tuple[str, str]]:
         """(call id, tool name) of every tool item in codex's `--json` stream: the id of the granted call it
         matches, or the item's own id when none does."""
         found = []
-        for line in stdout.splitlines():
+        # Split on newlines only: str.splitlines also splits on U+2028, which a CLI's JSON carries raw
+        # (Node's JSON.stringify), so a tool call holding one was never read (issue 22).
+        for line in stdout.split("\n"):
             if '"item.' not in line:
                 continue
             try:

@@ -21,6 +21,7 @@ import socketserver
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,17 +49,54 @@ REQUEST_DEADLINE_S = 5.0  # from accept to the request's end (a slow-loris sende
 CHUNK = 64 * 1024
 MAX_BUFFERED = MAX_REQUEST + CHUNK  # all open requests' bytes together: the largest request, alone, fits
 
-# Claude Code 2.1's tools (research/gating.md "Coverage"; its -p tool list) and what each does.
+# Claude Code 2.1.197's built-in tools and what each does; how each row was determined is in the README's
+# gate table (research/gating.md "Coverage", its -p tool list, the binary's strings, the docs). A tool that
+# can run a command is `shell` whatever its name: `Skill` ran a skill's embedded `!`git ...`` itself with no
+# Bash row (issue 22, item 4); LSP starts language-server programs; the MCP resource tools reach the user's
+# MCP server processes; EnterWorktree/ExitWorktree run git itself.
 CLAUDE_TOOLS: dict[str, tuple[Effect, bool]] = {
     "Bash": (Effect.shell, False), "BashOutput": (Effect.shell, False), "KillShell": (Effect.shell, False),
+    "TaskOutput": (Effect.shell, False), "TaskStop": (Effect.shell, False), "Monitor": (Effect.shell, False),
+    "PowerShell": (Effect.shell, False), "Skill": (Effect.shell, False), "LSP": (Effect.shell, False),
+    "EnterWorktree": (Effect.shell, False), "ExitWorktree": (Effect.shell, False),
+    "ListMcpResourcesTool": (Effect.shell, False), "ReadMcpResourceTool": (Effect.shell, False),
     "Write": (Effect.write, False), "Edit": (Effect.write, False), "MultiEdit": (Effect.write, False),
     "NotebookEdit": (Effect.write, False),
     "Read": (Effect.read, False), "Glob": (Effect.read, False), "Grep": (Effect.read, False),
     "LS": (Effect.read, False), "NotebookRead": (Effect.read, False),
     "WebFetch": (Effect.network, True), "WebSearch": (Effect.network, True),
+    "RemoteTrigger": (Effect.network, True),
+    # A sub-agent's own calls pass the same hook (research/gating.md "Coverage"); the rest only plan,
+    # ask, schedule a prompt or keep a list inside the session.
     "Task": (Effect.none, False), "Agent": (Effect.none, False), "TodoWrite": (Effect.none, False),
-    "ExitPlanMode": (Effect.none, False), "Skill": (Effect.none, False),
+    "ExitPlanMode": (Effect.none, False), "EnterPlanMode": (Effect.none, False),
+    "AskUserQuestion": (Effect.none, False), "ToolSearch": (Effect.none, False),
+    **{n: (Effect.none, False) for n in ("TaskCreate", "TaskUpdate", "TaskList", "TaskGet", "CronCreate",
+                                          "CronDelete", "CronList")},
 }
+# Tool names no table lists that run a program of the user's (an MCP server, a gemini discovered tool or
+# extension): `shell`, whatever effect a declaration gives them (`measured`).
+COMMAND_PREFIXES = ("mcp__", "mcp_", "discovered_tool_")
+# How strong an effect is, for `measured`: a declaration may not make a tool weaker than what it does.
+_STRENGTH = {Effect.none: 0, Effect.read: 1, Effect.write: 2, Effect.delete: 3, Effect.network: 4,
+             Effect.send: 4, Effect.pay: 5, Effect.shell: 6}
+
+
+def measured(task: AgentTask, tools: dict[str, tuple[Effect, bool]]) -> AgentTask:
+    """The task with each declared tool's effect at least what the CLI's tool measurably does (its table
+    row; `shell` for a user's program behind COMMAND_PREFIXES): declaring `Skill` as effect `none` does not
+    let it run commands without the `shell` permission."""
+    specs = []
+    for t in task.tools:
+        effect, online = tools.get(t.name, (Effect.shell if t.name.startswith(COMMAND_PREFIXES) else t.effect,
+                                            False))
+        if _STRENGTH[effect] > _STRENGTH[t.effect] or (online and not t.online):
+            t = t.model_copy(update={"effect": max(effect, t.effect, key=_STRENGTH.__getitem__),
+                                     "online": t.online or online})
+        specs.append(t)
+    return task.model_copy(update={"tools": tuple(specs)})
+
+
 # Where each file tool names its path in tool_input; a read tool without one acts on the workspace.
 CLAUDE_PATH_KEYS = ("file_path", "notebook_path", "path")
 
@@ -128,7 +166,9 @@ class ClaudeDialect:
     def tool_uses(self, stdout: str) -> list[tuple[str, str]]:
         """(tool_use id, tool name) of every tool call in claude's stream-json output."""
         found = []
-        for line in stdout.splitlines():
+        # Split on newlines only: str.splitlines also splits on U+2028, which a CLI's JSON carries raw
+        # (Node's JSON.stringify), so a tool call holding one was never read (issue 22).
+        for line in stdout.split("\n"):
             if '"tool_use"' not in line:
                 continue
             try:
@@ -173,11 +213,12 @@ class Summary:
     by_code: dict[str, int] = field(default_factory=dict)
     armed: bool = False
     turned_away: dict[str, int] = field(default_factory=dict)  # connections refused unread, by bound (Intake)
+    forged: int = 0  # decisions the CLI's own stream never showed (GateService.reconcile): not in the counts above
 
     def as_dict(self, cli: str, settings: Path) -> dict[str, Any]:
         return {"gated": True, "cli": cli, "armed": self.armed, "calls": self.decided, "refused": self.refused,
                 "by_code": dict(sorted(self.by_code.items())), "settings": str(settings),
-                "turned_away": dict(sorted(self.turned_away.items()))}
+                "turned_away": dict(sorted(self.turned_away.items())), "forged": self.forged}
 
 
 # Why a connection was turned away, as the hook client (and so the model) hears it and the result counts it.
@@ -311,12 +352,19 @@ class GateService:
         self.ticket, self.repo = ticket, repo  # a person's grant is for a ticket of a repo (`proctor approve`)
         self.held: list[dict[str, str]] = []  # calls the policy holds for a person: the job ends on the first
         self.streamed: dict[str, str] = {}  # tool_use id -> tool name, as the CLI's own output showed them
-        self.gate = Gate(task, policy=policy, dry_run=False, stop=stop, on_decision=self._row,
-                         approved=self._grant)
+        self.gate = Gate(measured(task, dialect.tools), policy=policy, dry_run=False, stop=stop,
+                         on_decision=self._row, approved=self._grant)
         self.summary = Summary()
         self.intake = Intake(self.summary.turned_away)
         self.seen: dict[str, str] = {}  # call id -> verdict
+        self.decisions: list[Decided] = []  # every call decided here, in order (reconcile)
+        self.forged: list[str] = []  # decisions the CLI's own stream never showed: "tool (call id)"
+        self._forged_ids: list[str] = []
         self.failures: list[str] = []
+        self._lines = StreamLines()
+        self._watched = False  # reconciled only against a stream the host watched (`watch`)
+        self._reconciled = False
+        self._call: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -355,10 +403,13 @@ class GateService:
         return self
 
     def stop(self) -> None:
+        """Closes the socket; then, when the host watched the CLI's stream, reconciles the decisions with it."""
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+        if self._watched:
+            self.reconcile()
 
     def serve(self, sock: Any) -> None:
         """One connection: its request read within the intake's bounds, decided, answered."""
@@ -370,12 +421,19 @@ class GateService:
 
     @property
     def flood(self) -> str | None:
-        """The risk a job's result carries when its agent's side flooded the gate socket, else None."""
+        """The risk a job's result carries when its agent's side misused the gate socket, else None: flooded
+        it (connections turned away), or asked it for calls the CLI never made (`forged`, after `stop`)."""
+        risks = []
         counts = dict(self.summary.turned_away)
-        if not counts:
-            return None
-        why = "; ".join(f"{n} for {TURNED_AWAY[r]}" for r, n in sorted(counts.items()))
-        return f"the gate socket was flooded: {sum(counts.values())} connection(s) turned away ({why})"
+        if counts:
+            why = "; ".join(f"{n} for {TURNED_AWAY[r]}" for r, n in sorted(counts.items()))
+            risks.append(f"the gate socket was flooded: {sum(counts.values())} connection(s) turned away ({why})")
+        if self.forged:
+            more = f" (+{len(self.forged) - 5} more)" if len(self.forged) > 5 else ""
+            risks.append(f"{len(self.forged)} call(s) were asked of the gate that the CLI's own stream never "
+                         f"showed (forged by a process in the job; not counted as decisions): "
+                         f"{', '.join(self.forged[:5])}{more}")
+        return "; ".join(risks) or None
 
     def handle(self, raw: bytes) -> Answer:
         t0 = time.monotonic()
@@ -397,10 +455,11 @@ class GateService:
         if event != "PreToolUse":
             return Answer(stderr=f"[proctor GATE_UNAVAILABLE] unknown hook event {event[:60]!r}", exit=2)
         call = self.dialect.call(payload, self.worktree)
-        digest = input_digest(call.get("arguments"), self.worktree)
+        digest = input_digest(call.get("arguments"), self.worktree, tool=str(call.get("tool", "")))
         with self._lock:  # one decision at a time: the gate counts calls, the ledger chains rows
             self._latency = t0
             self._digest = digest
+            self._call = call
             try:
                 decision = self.gate.decide(call)
             except Exception as exc:  # noqa: BLE001 - a gate or ledger failure denies the call
@@ -413,6 +472,8 @@ class GateService:
             self.summary.by_code[decision.code.value] = self.summary.by_code.get(decision.code.value, 0) + 1
             if decision.call_id:
                 self.seen[decision.call_id] = decision.verdict.value
+            self.decisions.append(Decided(decision.call_id, decision.tool, decision.verdict.value,
+                                          decision.code.value))
             if decision.code is GateCode.APPROVAL_REQUIRED:
                 self.held.append({"call_id": decision.call_id, "tool": decision.tool, "input_sha256": digest,
                                   "reason": decision.reason})
@@ -425,17 +486,26 @@ class GateService:
                                   "repo": self.repo, "tool": d.tool[:200],
                                   "call_id": d.call_id[:200], "input_sha256": self._digest,
                                   "verdict": d.verdict.value, "code": d.code.value, "reason": d.reason[:500],
-                                  "latency_ms": round((time.monotonic() - self._latency) * 1000, 2)})
+                                  "latency_ms": round((time.monotonic() - self._latency) * 1000, 2),
+                                  **({"held": held_call(self._call, self.worktree)}
+                                     if d.code is GateCode.APPROVAL_REQUIRED else {})})
 
     def _grant(self, call: Any) -> str | None:
-        """The unused one-time grant a person gave this ticket for exactly this call (tool and input), used up
-        here: a `gate.grant_used` row. None: the call stays held."""
-        used = {r.payload.get("grant") for r in self.ledger.rows(kind="gate.grant_used")}
+        """The unused one-time grant a person gave this ticket for exactly this call (tool and canonical input,
+        `input_digest`), used up here: a `gate.grant_used` row claiming it. None: the call stays held.
+
+        The claim is the ledger's compare-and-set (`claim_once`): of two jobs of a ticket asking at once, in
+        two processes, one gets the grant and the other tries the next one or stays held."""
+        used = {r.payload.get("grant") for r in self.ledger.rows(kind="gate.grant_used")}  # rows before claims
         for row in self.ledger.rows(kind="gate.grant"):
             p = row.payload
-            if (row.id not in used and p.get("ticket") == self.ticket and p.get("repo") == self.repo
-                    and p.get("tool") == call.tool and p.get("input_sha256") == self._digest):
-                self._write("gate.grant_used", {"jobId": self.job_id, "grant": row.id, "call_id": call.call_id})
+            if (row.id in used or p.get("ticket") != self.ticket or p.get("repo") != self.repo
+                    or p.get("tool") != call.tool or p.get("input_sha256") != self._digest):
+                continue
+            claimed = self.ledger.claim_once("gate.grant_used", grant_claim(row.id),
+                                             {"jobId": self.job_id, "grant": row.id, "call_id": call.call_id},
+                                             job_id=self.job_id)
+            if claimed is not None:
                 return f"grant #{row.id} by {p.get('by') or 'a person'}"
         return None
 
@@ -444,38 +514,194 @@ class GateService:
 
     @property
     def bypassed(self) -> list[str]:
-        """Tool calls the CLI's own output showed that the gate never decided: a hook that did not run."""
-        return [f"{name} ({cid})" for cid, name in self.streamed.items() if cid not in self.seen]
+        """Tool calls the CLI's own output showed that the gate never decided (a hook that did not run), and
+        a line of that output too long to read whole (its calls cannot be reconciled: fail closed)."""
+        found = [f"{name} ({cid})" for cid, name in self.streamed.items() if cid not in self.seen]
+        if self._lines.over:
+            found.append(f"a line of the CLI's output over {self._lines.limit} bytes (not reconciled)")
+        return found
 
     def watch(self) -> Callable[[str, bytes], str | None]:
-        """Reads the CLI's output stream as it comes: keeps every tool call it shows (for `bypassed`), and ends
-        the run at the first one made while the CLI's hooks never said they were loaded (the session-start
-        hook runs before the model is first asked). A dialect's `stream_marks` (optional) name the lines its
-        `tool_uses` reads; claude's are those with `"tool_use"`."""
-        partial = b""
-        marks: tuple[bytes, ...] = getattr(self.dialect, "stream_marks", (b'"tool_use"',))
+        """Reads the CLI's output stream as it comes, in whole lines of any length up to MAX_STREAM_LINE:
+        keeps every tool call it shows (for `bypassed` and `reconcile`), and ends the run at the first one
+        made while the CLI's hooks never said they were loaded (the session-start hook runs before the
+        model is first asked), or at a line too long to read whole. A dialect's `stream_marks` (optional)
+        name the lines its `tool_uses` reads; claude's are those with `"tool_use"`."""
+        self._watched = True
 
         def watch(stream: str, chunk: bytes) -> str | None:
-            nonlocal partial
             if stream != "stdout":
                 return None
-            lines = (partial + chunk).split(b"\n")
-            partial = lines.pop()[-1_000_000:]
-            text = b"\n".join(ln for ln in lines if any(m in ln for m in marks)).decode("utf-8", "replace")
-            uses = self.dialect.tool_uses(text) if text else []
-            self.streamed.update(uses)
-            if uses and not self.summary.armed:
-                return "bypass: a tool call before the gate's hook was armed"
-            return None
+            lines = self._lines.feed(chunk)
+            if self._lines.over:
+                return (f"bypass: a line of the CLI's output passed {self._lines.limit} bytes; its tool calls "
+                        "cannot be reconciled with the gate's decisions")
+            return self._take(lines)
 
         return watch
 
+    def _take(self, lines: list[bytes]) -> str | None:
+        marks: tuple[bytes, ...] = getattr(self.dialect, "stream_marks", (b'"tool_use"',))
+        text = b"\n".join(ln for ln in lines if any(m in ln for m in marks)).decode("utf-8", "replace")
+        uses = self.dialect.tool_uses(text) if text else []
+        self.streamed.update(uses)
+        if uses and not self.summary.armed:
+            return "bypass: a tool call before the gate's hook was armed"
+        return None
 
-def input_digest(arguments: Any, worktree: Path) -> str:
-    """sha256 of a call's input with the job's worktree written as `<worktree>`: the same call in the next
-    job of a ticket (another worktree) has the same digest, which is what a person's grant names."""
-    text = json.dumps(arguments, sort_keys=True, default=str).replace(str(worktree), "<worktree>")
-    return hashlib.sha256(text.encode()).hexdigest()
+    def reconcile(self) -> list[str]:
+        """After the CLI exited: the decisions its own stream never showed, as `tool (call id)`, taken out of
+        the counts (decided, refused, by code, held) into `forged`, with a `gate.forged` row.
+
+        Any process in the job can ask the gate socket: the hook runs as the same user in the same sandbox
+        as the agent's tools, so no secret of the hook's is out of their reach (README, "Who speaks to the
+        gate"). A row the CLI's stream does not account for is therefore not a decision but a risk. Each
+        streamed call confirms one decision of its id; a dialect's `confirms(tool, verdict)` (optional)
+        names the decisions its stream can show at all (codex shows no refused call)."""
+        with self._lock:
+            if self._reconciled:
+                return self.forged
+            self._reconciled = True
+            self._take([self._lines.rest()])  # a last line with no newline is a line too
+            shown = Counter(self.streamed.keys())
+            confirms = getattr(self.dialect, "confirms", None)
+            for d in self.decisions:
+                if confirms is not None and not confirms(d.tool, d.verdict):
+                    continue
+                if shown[d.call_id] > 0:
+                    shown[d.call_id] -= 1
+                else:
+                    self._discount(d)
+        if self.forged:
+            try:
+                self._write("gate.forged", {"jobId": self.job_id, "cli": self.dialect.name,
+                                            "count": len(self.forged), "calls": self.forged[:100],
+                                            "call_ids": self._forged_ids[:1000]})
+            except Exception as exc:  # noqa: BLE001 - the result still carries the risk
+                self.failures.append(f"the gate.forged row could not be written: {exc}"[:300])
+        return self.forged
+
+    def _discount(self, d: Decided) -> None:
+        s = self.summary
+        s.decided -= 1
+        s.forged += 1
+        if d.verdict == CallVerdict.refused.value:
+            s.refused -= 1
+        s.by_code[d.code] = s.by_code.get(d.code, 1) - 1
+        if not s.by_code[d.code]:
+            del s.by_code[d.code]
+        held = next((h for h in self.held if h["call_id"] == d.call_id), None)
+        if held is not None:
+            self.held.remove(held)
+        self.forged.append(f"{d.tool[:100]} ({d.call_id[:100]})")
+        self._forged_ids.append(d.call_id[:200])  # as the gate.call row keeps it: `proctor approve` refuses it
+
+
+@dataclass(frozen=True)
+class Decided:
+    call_id: str
+    tool: str
+    verdict: str
+    code: str
+
+
+# The longest line of a CLI's output stream read whole (held in the host while it comes). A CLI's own
+# lines are far shorter (its tool results are cut well below this); a longer one fails closed (BYPASS):
+# keeping only its last 1,000,000 bytes let a tool call on such a line escape reconciliation (issue 22).
+MAX_STREAM_LINE = 32 * 1024 * 1024
+
+
+class StreamLines:
+    """A byte stream cut into whole lines of any length up to `limit`. Past the limit `over` is set for good
+    and the line's bytes are dropped (never held): the caller fails closed."""
+
+    def __init__(self, limit: int = MAX_STREAM_LINE) -> None:
+        self.limit = limit
+        self.over = False
+        self._parts: list[bytes] = []  # the line in progress, joined once whole (no quadratic copying)
+        self._held = 0
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        pieces = chunk.split(b"\n")
+        tail = pieces.pop()
+        lines = []
+        if pieces:
+            first = pieces[0]
+            if not self._keep(first):
+                lines.append(b"".join(self._parts))
+            self._parts, self._held = [], 0
+            lines.extend(pieces[1:])
+        self._keep(tail)
+        if any(len(ln) > self.limit for ln in lines):
+            self.over = True
+        return [ln for ln in lines if len(ln) <= self.limit]
+
+    def _keep(self, piece: bytes) -> bool:
+        """Adds to the line in progress; True when that line is now over the limit (and so dropped)."""
+        if self._held + len(piece) > self.limit:
+            self.over = True
+            self._parts, self._held = [], self.limit + 1  # dropped, and stays over until its newline
+            return True
+        if piece:
+            self._parts.append(piece)
+            self._held += len(piece)
+        return False
+
+    def rest(self) -> bytes:
+        """The last line, when the stream ended without a newline (emptied)."""
+        text = b"".join(self._parts) if self._held <= self.limit else b""
+        self._parts, self._held = [], 0
+        return text
+
+
+def canonical_input(tool: str, arguments: Any, worktree: Path) -> str:
+    """A call as a person's grant names it: JSON of the tool, its input with every occurrence of the job's
+    worktree path cut out of its strings, and where each was cut (`worktree_at`: [JSON path, offsets]).
+    The same call in the next job of a ticket (another worktree) reads the same; no input can read like
+    another, since the cuts are structure no string can spell. The worktree was once written as the text
+    `<worktree>`, so an input holding that text itself matched: an approved `cat <path> calc.py` let
+    `cat <worktree> calc.py` run (issue 22, item 6)."""
+    cuts: list[list[Any]] = []
+    shape = _cut(arguments, str(worktree), [], cuts) if str(worktree) not in ("", "/", ".") else arguments
+    return json.dumps({"tool": tool, "input": shape, "worktree_at": cuts}, sort_keys=True, default=str,
+                      separators=(",", ":"))
+
+
+def _cut(value: Any, worktree: str, where: list[Any], cuts: list[list[Any]]) -> Any:
+    if isinstance(value, str):
+        pieces = value.split(worktree)
+        if len(pieces) > 1:
+            ends = [sum(len(p) for p in pieces[:i + 1]) for i in range(len(pieces) - 1)]
+            cuts.append([where, ends])
+        return "".join(pieces)
+    if isinstance(value, list):
+        return [_cut(v, worktree, [*where, i], cuts) for i, v in enumerate(value)]
+    if isinstance(value, dict):  # keys kept as they are: a key naming the worktree matches only itself
+        return {k: _cut(value[k], worktree, [*where, k], cuts) for k in sorted(value, key=str)}
+    return value
+
+
+def input_digest(arguments: Any, worktree: Path, *, tool: str) -> str:
+    """sha256 of `canonical_input`: what a held call, its grant and `proctor approve --digest` name."""
+    return hashlib.sha256(canonical_input(tool, arguments, worktree).encode()).hexdigest()
+
+
+def grant_claim(grant_row: int) -> str:
+    """The key a grant is used up under (`Ledger.claim_once` of `gate.grant_used`)."""
+    return f"gate.grant#{grant_row}"
+
+
+# The held call's input kept in its `gate.call` row, for the person asked to approve it (`proctor approve`
+# shows it, escaped and cut shorter). Longer inputs are kept cut, and say so.
+HELD_INPUT_MAX = 64 * 1024
+
+
+def held_call(call: dict[str, Any], worktree: Path) -> dict[str, Any]:
+    """What a held call would do, as its ledger row keeps it: tool, paths, input (cut), the worktree."""
+    text = json.dumps(call.get("arguments"), sort_keys=True, ensure_ascii=False, default=str)
+    paths = [str(p)[:4096] for p in (call.get("paths") or [])][:50]
+    return {"tool": str(call.get("tool", ""))[:200], "paths": paths, "input": text[:HELD_INPUT_MAX],
+            "input_chars": len(text), "worktree": str(worktree)}
 
 
 def settings_path(dir: Path, cli: str) -> Path:

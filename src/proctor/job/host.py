@@ -36,7 +36,7 @@ from proctor.evidence.instrument import instrument, strip_bytecode
 from proctor.home import proctor_home
 from proctor.job import cgroup, environment, frozen, gatekeeper, landing, record, sandbox_home, validate, worktree
 from proctor.job.agent_version import VERSION_TIMEOUT_S, agent_version, executable, inside
-from proctor.job.attempts import run_attempts
+from proctor.job.attempts import missing_program, run_attempts
 from proctor.job.cgroup import Limits
 from proctor.job.git import git, unredirected_env
 from proctor.job.process import Limited, LocalRunner, ProcessRunner, Spawn
@@ -289,6 +289,11 @@ def _run(job: _Job, breaker: Breaker) -> RunAgentResult:
     inv = build(spec, req.task, wt_path, prompt_file, env, gate_dir=_gate_dir(job) if spec.gate else None)
     if isinstance(inv, Refused):
         return refused(req, [inv.reason], Code(inv.code), job.start)
+    # Before any worktree, probe or sandbox: inside one, a missing program read as a confinement refusal
+    # and was retried (issue 24).
+    missing = missing_program(inv.argv[0], env.get("PATH"), repo.path) if inv.argv else None
+    if missing:
+        return refused(req, [f"{missing}; nothing was launched"], Code.AGENT_NOT_FOUND, job.start)
 
     stopped = job.stop.reason()
     if stopped:
@@ -932,6 +937,10 @@ def _validate(job: _Job, wt: worktree.Worktree, landed: landing.Landing, plan: v
     agent changed (proctor.evidence.recipe) and the held-out tests laid in; with test-defining files
     touched, once more with the base's versions of those too, whose failure is a risk (the task may have
     been to change a test). Each test step is judged on its runner's evidence, not its exit code alone."""
+    if not plan.steps and job.settings is not None and job.settings.validate:
+        # The repo's configured `validate` counts where autodetection found nothing (issue 24: it was
+        # "validation skipped"); read from config and the base's committed file, never the agent's copy.
+        plan = validate.given(job.settings.validate)
     if not plan.steps:
         job.risks.append(plan.skipped_reason or "validation skipped")
         return

@@ -66,6 +66,8 @@ class Attempt:
             return f"{self.label} => timed out after {timeout_s:.0f}s"
         if self.exit_code is None:
             return f"{self.label} => did not start"
+        if self.exit_code < 0:  # the runner's -N: killed by signal N (a cancel, the stop switch, a limit)
+            return f"{self.label} => killed by signal {-self.exit_code}"
         if self.failure is not None and self.exit_code == 0:
             return f"{self.label} => exit {self.exit_code}, but the evidence says failed"
         return f"{self.label} => exit {self.exit_code}"

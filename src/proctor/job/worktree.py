@@ -74,7 +74,11 @@ def unsafe_dirs(repo: Repo, private: tuple[Path, ...] = ()) -> str | None:
     (the TMPDIRs, made by mkdtemp): each must be this user's and writable by nobody else, under parents no
     other user can swap it in. Measured (issue 21): in a world-writable sticky dir another user pre-created
     `repo-agents/`; proctor used it as found and she swapped the validation checkout mid-job."""
-    why = beneath.private_dir(agents_dir(repo))
+    # Checked, not made: a job refused later (a budget, the breaker) leaves nothing behind; `create` makes
+    # it 0700 and checks it again when the worktree is cut.
+    agents = agents_dir(repo)
+    why = (beneath.unsafe_dir(agents) or beneath.unsafe_parent(agents.parent)) if os.path.lexists(agents) \
+        else beneath.unsafe_parent(agents.parent)
     for d in private:
         why = why or beneath.unsafe_dir(d) or beneath.unsafe_parent(d.parent)
     return f"unsafe directory: {why}" if why else None
@@ -107,6 +111,9 @@ def default_base(repo: Repo) -> Base | Failure:
 def resolve_base(repo: Repo, ref: str) -> Base | Failure:
     res = git(["rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}"], cwd=repo.path)
     if not res.ok or not res.text:
+        anything = git(["rev-parse", "--verify", "--quiet", "HEAD"], cwd=repo.path)
+        if not (anything.ok and anything.text) and not git(["for-each-ref", "--count=1"], cwd=repo.path).text:
+            return Failure(f"the repo {repo.path} has no commits yet: make a first commit, then run the job")
         return Failure(f"base ref {ref!r} does not name a commit in {repo.path}")
     return Base(ref, res.text)
 
@@ -201,9 +208,9 @@ def create(repo: Repo, job_id: str, ticket: str, base: Base) -> Worktree | Failu
     the base, and (for the agent's `git diff <base>`) a branch of the base's name where it is one."""
     path = path_for(repo, job_id)
     branch = f"wt/{job_id}/{ticket}"
-    unsafe = unsafe_dirs(repo)
+    unsafe = beneath.private_dir(agents_dir(repo))  # made 0700 here, and checked once it is there
     if unsafe:
-        return Failure(unsafe, code="UNSAFE_DIRECTORY")
+        return Failure(f"unsafe directory: {unsafe}", code="UNSAFE_DIRECTORY")
     try:
         path.mkdir(0o700)  # never one that is there: mkdir fails on any entry, a link included
     except FileExistsError:

@@ -8,7 +8,8 @@ Order of checks, first failure wins (stable, documented, part of the contract):
 
     STOPPED            the stop switch is engaged
     TASK_INVALID       the task is not a valid AgentTask (unknown fields included)
-    CALL_INVALID       the call is not a valid ToolCall, or reuses a call id of this run
+    CALL_INVALID       the call is not a valid ToolCall, reuses a call id of this run, or its CLI's input
+                       cannot be parsed completely the way that CLI parses it (`UNPARSED`)
     WORKSPACE          the task's workspace breaks the trusted workspace rule
     TOOL_UNDECLARED    the task declares no tool of that name
     PERMISSION         the tool's effect is not granted, or it is online without `network`
@@ -38,6 +39,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from proctor.policy.stop import StopSwitch
 from proctor.policy.task import FILE_EFFECTS, NETWORK_EFFECTS, OUTWARD, PERMISSION_FOR, AgentTask, Effect, ToolCall
 from proctor.policy.trusted import Ceilings, Policy, PolicyError, check_workspace
+
+
+# The key under which a CLI dialect hands the gate a call whose input it could not parse completely
+# (Gate.decide refuses it CALL_INVALID, with the reason given there).
+UNPARSED = "unparsed"
 
 
 class GateCode(StrEnum):
@@ -139,8 +145,9 @@ def tool_rules(task: AgentTask, policy: Policy) -> dict[str, ToolRule]:
     return rules
 
 
-def _path_matcher(patterns: tuple[str, ...]) -> Callable[[str, str], str | None]:
-    """A function (relative, absolute) -> the first forbidden pattern the path matches, or None."""
+def path_matcher(patterns: tuple[str, ...]) -> Callable[[str, str], str | None]:
+    """A function (relative, absolute) -> the first forbidden pattern the path matches, or None (the gate
+    checks each call's paths with it, policy.diffcheck the job's changed files)."""
     component = [(p, re.compile(fnmatch.translate(p))) for p in patterns if "/" not in p]
     absolute = [(p, re.compile(fnmatch.translate(p.rstrip("/")))) for p in patterns if p.startswith("/")]
     relative = [
@@ -198,7 +205,7 @@ class Gate:
         self._workspace_problem = check_workspace(task.permissions.workspace)
         self._ws = os.path.realpath(task.permissions.workspace) if self._workspace_problem is None else ""
         self._ws_prefix = self._ws.rstrip("/") + "/"
-        self._forbidden_path = _path_matcher(policy.forbidden_paths) if policy.forbidden_paths else None
+        self._forbidden_path = path_matcher(policy.forbidden_paths) if policy.forbidden_paths else None
         # Verdicts only, not decisions: a long run keeps one small entry per call id (cheaper for the GC).
         self._decided: dict[str, CallVerdict] = {}
         self._granted = 0
@@ -227,7 +234,13 @@ class Gate:
         stopped = self._stop()
         if stopped is not None:
             return _refuse(GateCode.STOPPED, f"stopped: {stopped}", call)
+        unparsed = ""
         if not isinstance(call, ToolCall):
+            # A CLI dialect that cannot read a tool's input the way its CLI will (a patch, a glob) says why
+            # under `unparsed`: the call is refused, never decided on a guess of what it would touch.
+            if isinstance(call, Mapping) and UNPARSED in call:
+                unparsed = str(call[UNPARSED])[:300] or "unreadable"
+                call = {k: v for k, v in call.items() if k != UNPARSED}
             try:
                 call = ToolCall.model_validate(call)
             except ValidationError as exc:
@@ -235,6 +248,9 @@ class Gate:
         call_id = call.call_id or self._fresh_id()
         if call_id in self._decided:
             return _refuse(GateCode.CALL_INVALID, f"call id {call_id!r} was already decided in this run", call)
+        if unparsed:
+            return _refuse(GateCode.CALL_INVALID, f"the tool's input cannot be read the way the CLI reads it "
+                                                  f"({unparsed}): refused rather than guessed at", call, call_id)
         if self._workspace_problem is not None:
             return _refuse(GateCode.WORKSPACE, self._workspace_problem, call, call_id)
         rule = self._rules.get(call.tool)

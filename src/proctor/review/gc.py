@@ -2,7 +2,9 @@
 
 Owns a job's footprint and its removal: the checkout at `{repo}-agents/<jobId>` (with the job's own git dir,
 which holds its `wt/<jobId>/<ticket>` branch and every object the job wrote), the scratch dirs a crash can
-leave beside it (`.<jobId>.work`, `.<jobId>.land`), and — from before jobs had repositories of their own —
+leave beside it (`.<jobId>.work`, `.<jobId>.land`), the job's two private TMPDIRs (`$TMPDIR/proctor-<jobId>-*`,
+`$TMPDIR/proctor-host-<jobId>-*`: the host removes them as the job ends, so only a killed host leaves them),
+and — from before jobs had repositories of their own —
 a `wt/<jobId>/...` branch and a linked-worktree registration in the main repo. The main repo's objects are
 never touched: a job borrows them through alternates and never the other way round, so removing a job
 cannot break the main repo (`git fsck` stays clean; `land` copied in whatever it needed).
@@ -16,7 +18,9 @@ can run. Each removal is a `review.discard` row (`by`: discard or gc), written a
 from __future__ import annotations
 
 import os
+import re
 import stat
+import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,6 +37,9 @@ from proctor.review.outcome import Code, Outcome, refuse
 # job with no host record older than this has no host left.
 MAX_JOB_S = 24 * 3600
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+DEFAULT_AGE = "7d"  # `proctor gc` with no --older-than; said in its output, not only in --help
+# tempfile.mkdtemp's name: the prefix the host gives (proctor.job.host) and 8 characters of its alphabet.
+_MKDTEMP_TAIL = r"-[a-z0-9_]{8}"
 
 
 def parse_age(text: str) -> float | None:
@@ -108,14 +115,44 @@ def _real_dir(p: Path) -> bool:
         return False
 
 
-def footprint(job: Job) -> Footprint:
+def age_text(seconds: float) -> str:
+    """`--older-than` as a person reads it: 7d, 12h, 90s."""
+    for unit, size in (("d", UNITS["d"]), ("h", UNITS["h"]), ("m", UNITS["m"])):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def job_tmpdirs(job_id: str, tmp: Path | None = None) -> list[Path]:
+    """The job's private TMPDIRs a killed host left: this user's own real dirs, named exactly as the host
+    makes them (a name only like them, or another user's, is never taken)."""
+    if not record.safe_job_id(job_id):
+        return []
+    root = tmp or Path(tempfile.gettempdir())
+    shape = re.compile(rf"proctor-(?:host-)?{re.escape(job_id)}{_MKDTEMP_TAIL}")
+    try:
+        names = [e.name for e in os.scandir(root) if shape.fullmatch(e.name)]
+    except OSError:
+        return []
+    out = []
+    for name in sorted(names):
+        try:
+            st = os.lstat(root / name)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+            out.append(root / name)
+    return out
+
+
+def footprint(job: Job, tmp: Path | None = None) -> Footprint:
     fp = Footprint(job.job_id)
     wt = job.checkout
-    if wt is not None:
-        for p in (wt, wt.with_name(f".{wt.name}.work"), wt.with_name(f".{wt.name}.land")):
-            if _real_dir(p):
-                fp.paths.append(p)
-                fp.bytes += _du(p) + os.lstat(p).st_blocks * 512
+    dirs = [wt, wt.with_name(f".{wt.name}.work"), wt.with_name(f".{wt.name}.land")] if wt is not None else []
+    for p in [*dirs, *job_tmpdirs(job.job_id, tmp)]:
+        if _real_dir(p):
+            fp.paths.append(p)
+            fp.bytes += _du(p) + os.lstat(p).st_blocks * 512
     repo = worktree.open_repo(job.repo) if job.repo else None
     if isinstance(repo, worktree.Repo) and record.safe_job_id(job.job_id):  # the id goes into a ref pattern
         fp.repo = repo
@@ -165,6 +202,8 @@ def _remove(fp: Footprint) -> list[str]:
         if not res.ok:
             problems.append(f"branch {ref} not deleted: {res.err}")
     for p in fp.paths[:1]:
+        if not p.parent.name.endswith("-agents"):
+            continue  # a TMPDIR's parent is /tmp: never removed
         try:
             p.parent.rmdir()  # `{repo}-agents`, once it holds no job
         except OSError:
@@ -204,7 +243,11 @@ def discard(ledger: Ledger, job: Job, via: str = "cli") -> Outcome:
     if _running(job):
         return refuse(Code.JOB_RUNNING, f"job {job.job_id} is still running (its host, pid "
                       f"{(job.record.host or {}).get('pid')}, is alive): nothing was removed")
-    return _discard_one(ledger, job, footprint(job), "discard", via)
+    fp = footprint(job)
+    if job.state == "discarded" and fp.empty:
+        # A second discard did nothing: it says so and fails, rather than "freed 0.0 KiB" and exit 0.
+        return refuse(Code.DISCARDED, f"job {job.job_id} was already discarded: nothing is left to remove")
+    return _discard_one(ledger, job, fp, "discard", via)
 
 
 def collectable(job: Job, older_than_s: float, now: datetime) -> str | None:
@@ -226,16 +269,19 @@ def gc(ledger: Ledger, *, older_than_s: float, dry_run: bool = False, now: datet
     """Remove every collectable job's footprint; with `dry_run`, only say what that would free."""
     now = now or datetime.now(UTC)
     picked: list[tuple[Job, Footprint, str]] = []
+    younger = 0  # ended jobs kept only for their age: the output says so (a default of 7d surprised users)
     for job in load_jobs(ledger):
         why = collectable(job, older_than_s, now)
         if why is None:
+            younger += job.worktree_exists and collectable(job, 0, now) is not None
             continue
         fp = footprint(job)
         if not fp.empty:
             picked.append((job, fp, why))
     listed = [{**fp.to_dict(), "status": job.status, "state": job.state, "why": why} for job, fp, why in picked]
     total = sum(fp.bytes for _, fp, _ in picked)
-    details: dict[str, Any] = {"dry_run": dry_run, "older_than_s": older_than_s, "jobs": listed,
+    details: dict[str, Any] = {"dry_run": dry_run, "older_than_s": older_than_s, "older_than": age_text(older_than_s),
+                               "kept_younger": younger, "jobs": listed,
                                "freed_bytes": 0 if dry_run else total, "would_free_bytes": total}
     if dry_run:
         late = _write(ledger, "review.gc", {"ok": True, "dry_run": True, "jobs": [j["jobId"] for j in listed],

@@ -23,9 +23,13 @@ from pygments.util import ClassNotFound
 
 from proctor.terminal import escape_char, is_dangerous
 
-MAX_FILE_LINES = 3000  # of one file's patch shown; the rest is named, not shown
+MAX_FILE_LINES = 3000  # of one file's patch shown; the rest is counted, not shown
 MAX_TOTAL_LINES = 20000  # of the whole patch on one page
-MAX_LINE_CHARS = 2000  # of one line (a minified file is one line)
+MAX_LINE_CHARS = 1000  # of one line (a minified file is one line)
+# Bytes, beside lines: 20,000 lines of 2,000 characters made a 39 MB diff a 44 MB page that took 64 s (issue 23).
+MAX_FILE_BYTES = 256 * 1024  # of one file's patch text shown
+MAX_PAGE_BYTES = 2 * 1024 * 1024  # of the whole patch's text shown on one page
+CUT_NAMES = 20  # files past the page's limits are named, this many
 HIGHLIGHT_MAX_LINES = 5000  # a hunk longer than this is shown escaped, uncoloured (Pygments is slow on it)
 CSS_CLASS = "hl"
 _CANDIDATE = re.compile(r"[^\x20-\x7e]")  # a character that may be invisible or reorder what is shown
@@ -48,12 +52,15 @@ class FileDiff:
     removed: int = 0
     lines: list[Line] = field(default_factory=list)
     cut: int = 0  # lines of this file not shown (a limit)
+    cut_bytes: int = 0  # and their size
+    shown_bytes: int = 0
 
 
 @dataclass(frozen=True)
 class Page:
     files: list[FileDiff]
     cut_files: int  # files not shown at all (the page limit)
+    cut_names: list[str] = field(default_factory=list)  # the first CUT_NAMES of them
 
 
 def _path_from_header(header: str) -> str:
@@ -135,12 +142,43 @@ def _hunk_start(line: str) -> tuple[int, int]:
         return 0, 0
 
 
-def _file(header: str, body: list[str], budget: int) -> FileDiff:
-    meta: list[str] = []
-    i = 0
-    while i < len(body) and not body[i].startswith("@@"):
-        meta.append(body[i])
-        i += 1
+def _rows(data: bytes, most_lines: int, most_bytes: int) -> tuple[list[str], int]:
+    """The first rows of `data` shown (at most `most_lines`, as many as fit `most_bytes` with each line cut at
+    MAX_LINE_CHARS), decoded one by one, and how many bytes of `data` they took. Lazy on purpose: a 39 MB file
+    is never decoded or split whole, only the part the page shows."""
+    rows: list[str] = []
+    pos = size = 0
+    while pos < len(data) and len(rows) < most_lines:
+        end = data.find(b"\n", pos)
+        end = len(data) if end < 0 else end
+        text = data[pos:min(end, pos + 4 * MAX_LINE_CHARS)].decode("utf-8", "replace")
+        size += min(len(text), MAX_LINE_CHARS) + 1
+        if size > most_bytes:
+            break
+        rows.append(text)
+        pos = end + 1
+    return rows, min(pos, len(data))
+
+
+def _hunks_at(body: bytes) -> int:
+    """Where the first hunk (`@@`) of a file's body starts; the end when it has none (a mode change, binary)."""
+    if body.startswith(b"@@"):
+        return 0
+    at = body.find(b"\n@@")
+    return len(body) if at < 0 else at + 1
+
+
+def _file(section: bytes, budget: int, byte_budget: int = MAX_PAGE_BYTES) -> FileDiff:
+    nl = section.find(b"\n")
+    header = section[: nl if nl >= 0 else len(section)].decode("utf-8", "replace")
+    body = section[nl + 1:] if nl >= 0 else b""
+    start = _hunks_at(body)
+    meta = body[:start].decode("utf-8", "replace").split("\n")
+    if meta and meta[-1] == "":
+        meta.pop()
+    data = body[start:]
+    if data.endswith(b"\n"):
+        data = data[:-1]
     path = _path_from_header(header)
     for m in meta:
         if m.startswith("rename to "):
@@ -151,11 +189,12 @@ def _file(header: str, body: list[str], budget: int) -> FileDiff:
     fd.lines.extend(Line("meta", None, None, reveal(escape(m[:MAX_LINE_CHARS]))) for m in meta
                     if not m.startswith(("--- ", "+++ ", "index ")))
     lexer = _lexer(path)
-    rows = body[i:]
-    fd.added = sum(1 for r in rows if r.startswith("+"))
-    fd.removed = sum(1 for r in rows if r.startswith("-"))
-    shown = rows[:min(MAX_FILE_LINES, budget)]
-    fd.cut = len(rows) - len(shown)
+    # Counted in C over the bytes: a row is a line of the hunks; the first is an `@@` line, never + or -.
+    fd.added, fd.removed = data.count(b"\n+"), data.count(b"\n-")
+    total = data.count(b"\n") + 1 if data else 0
+    shown, used = _rows(data, min(MAX_FILE_LINES, budget), min(MAX_FILE_BYTES, byte_budget))
+    fd.cut, fd.cut_bytes = total - len(shown), len(data) - used
+    fd.shown_bytes = sum(min(len(r), MAX_LINE_CHARS) + 1 for r in shown)
     # Hunk by hunk: the header line, then its lines coloured together.
     j = 0
     while j < len(shown):
@@ -186,23 +225,23 @@ def _file(header: str, body: list[str], budget: int) -> FileDiff:
     return fd
 
 
+_FILE_START = re.compile(rb"^diff --git ", re.M)
+
+
 def split(patch: bytes) -> Page:
-    """The patch's files, within the page's limits (a file past them is counted in `cut_files`)."""
-    text = patch.decode("utf-8", "replace")
-    sections: list[tuple[str, list[str]]] = []
-    for line in text.split("\n"):
-        if line.startswith("diff --git "):
-            sections.append((line, []))
-        elif sections:
-            sections[-1][1].append(line)
+    """The patch's files, within the page's limits (a file past them is counted in `cut_files`, and named)."""
+    starts = [m.start() for m in _FILE_START.finditer(patch)]
+    bounds = list(zip(starts, [*starts[1:], len(patch)], strict=True))
     files: list[FileDiff] = []
-    budget = MAX_TOTAL_LINES
-    for header, body in sections:
-        if body and body[-1] == "":
-            body.pop()
-        if budget <= 0:
+    budget, byte_budget = MAX_TOTAL_LINES, MAX_PAGE_BYTES
+    for a, b in bounds:
+        if budget <= 0 or byte_budget <= 0:
             break
-        fd = _file(header, body, budget)
+        fd = _file(patch[a:b], budget, byte_budget)
         budget -= len(fd.lines)
+        byte_budget -= fd.shown_bytes
         files.append(fd)
-    return Page(files, len(sections) - len(files))
+    cut = bounds[len(files):]
+    names = [_path_from_header(patch[a:patch.find(b"\n", a, b) if patch.find(b"\n", a, b) >= 0 else b]
+                               .decode("utf-8", "replace")) for a, b in cut[:CUT_NAMES]]
+    return Page(files, len(cut), names)

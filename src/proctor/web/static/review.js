@@ -1,8 +1,9 @@
 // proctor review: live rows from /review/events (server-sent events). Text only: no HTML from the stream
-// is ever parsed (textContent, never innerHTML), so nothing a job printed can become markup here.
+// is ever parsed (textContent, never innerHTML), so nothing a job printed can become markup here; the server
+// has already passed every string through the one escaping function (bidi and control characters marked).
 "use strict";
 (function () {
-  const prefix = "/review";
+  const prefix = document.body.dataset.root;  // the page's secret path: the session cookie is scoped to it
   const page = document.body.dataset.page;
 
   document.querySelectorAll("form[data-confirm]").forEach(function (form) {
@@ -11,7 +12,7 @@
     });
   });
 
-  if (!window.EventSource || !page) return;
+  if (!window.EventSource || !page || !prefix) return;
   // The same filters as the page (the list's query), or only this job.
   const query = page === "job" ? "?job=" + encodeURIComponent(document.body.dataset.job) : window.location.search;
   const source = new EventSource(prefix + "/events" + query);

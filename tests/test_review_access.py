@@ -1,0 +1,229 @@
+"""Issue 23, measured as the attacker: a real second local user on this machine (made with `useradd` and
+removed with `userdel -r` by the test), her own server on another loopback port, and the reviewer's real
+browser (Debian's headless Chromium with a profile on disk, so its History database can be read after).
+
+What it proves, each beside its control:
+- the session cookie never reaches her server, whatever path on localhost or 127.0.0.1 the browser is sent
+  to (control: a cookie scoped the old way, Path=/review, does reach it: her log would show a leak);
+- sign-in leaves no token in the browser's history (control: the spent sign-in address is there, and dead);
+- `proctor serve` on a port she holds prints nothing but the error naming the port (control: a free port
+  prints the address, and the server answers at once);
+- her request for a job's `/v1` state by its id is 401 (control: this install's token gets past the check);
+- every path of the origin is proctor's: /docs is a 404, with the same headers as every page.
+Under CI=true a missing useradd (or not being root) fails; elsewhere it skips.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import pwd
+import secrets
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from review_site import PROCTOR, Server, free_port, run_job
+from test_review_browser import CHROMIUM_ARGS, chromium
+
+from proctor.testing import Behaviour
+from proctor.web.access import Access
+
+CI = os.environ.get("CI") == "true"
+
+# Her server: answers anything with a small page and logs every request line and header to stdout, as JSON.
+HER_SERVER = r"""
+import http.server, json, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        print(json.dumps({"path": self.path, "headers": dict(self.headers)}), flush=True)
+        body = b"<!doctype html><title>hers</title><p>hello"
+        self.send_response(200)
+        self.send_header("content-type", "text/html")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    do_POST = do_GET
+    def log_message(self, *a):
+        pass
+srv = http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H)
+print(json.dumps({"listening": srv.server_address[1]}), flush=True)
+srv.serve_forever()
+"""
+
+
+def _need(ok: bool, why: str) -> None:
+    if not ok:
+        if CI:
+            pytest.fail(why)
+        pytest.skip(why)
+
+
+@pytest.fixture
+def other_user() -> Iterator[pwd.struct_passwd]:
+    """A real second local user, removed after (with her home: `userdel -r`)."""
+    _need(os.geteuid() == 0, "making a second local user needs root")
+    _need(shutil.which("useradd") is not None and shutil.which("userdel") is not None, "useradd/userdel missing")
+    name = f"prt{secrets.token_hex(4)}"
+    subprocess.run(["useradd", "-m", "-s", "/bin/sh", name], check=True, capture_output=True)
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["userdel", "-r", name], capture_output=True)
+        assert subprocess.run(["id", name], capture_output=True).returncode != 0, f"user {name} was not removed"
+
+
+class HerServer:
+    """Her server, run as her (uid and gid dropped by the kernel, not by our code's good will)."""
+
+    def __init__(self, user: pwd.struct_passwd, port: int = 0) -> None:
+        self.proc = subprocess.Popen(["/usr/bin/python3", "-c", HER_SERVER, str(port)], user=user.pw_uid,
+                                     group=user.pw_gid, extra_groups=[], cwd="/", env={"PATH": "/usr/bin:/bin"},
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert self.proc.stdout is not None
+        first = json.loads(self.proc.stdout.readline())
+        self.port = first["listening"]
+
+    def stop(self) -> list[dict]:
+        self.proc.terminate()
+        out, _ = self.proc.communicate(timeout=10)
+        return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def test_the_session_cookie_never_reaches_another_users_server_on_another_port(other_user, tmp_path, repo, fake):
+    from playwright.sync_api import sync_playwright
+
+    fake("claude", Behaviour(writes={"notes\u202etxt.sh": "echo hi\n"}))
+    job = run_job(repo, "T-cookie", task="rename the notes\u202e file\nsecond line")["jobId"]
+    server = Server()
+    her = HerServer(other_user)
+    profile = tmp_path / "chromium-profile"
+    scope = Access(server.token).scope
+    secrets_shown = {"token": server.token, "scope": scope, "session": Access(server.token).session,
+                     "code": server.login_url.rsplit("code=", 1)[1]}
+    try:
+        with sync_playwright() as p:
+            ctx = p.chromium.launch_persistent_context(str(profile), executable_path=chromium(),
+                                                       args=CHROMIUM_ARGS, headless=True)
+            page = ctx.new_page()
+            page.set_default_timeout(30_000)
+            page.goto(server.login_url)
+            assert page.url == server.url(), page.url
+            assert any(c["name"] == "proctor_review" for c in ctx.cookies())
+            # The bidi file name and task as text, in the diff, the changed files and the list (rendered).
+            page.goto(server.url(f"/jobs/{job}"))
+            assert "notes\\u202etxt.sh" in page.locator("#diff summary .path").first.inner_text()
+            assert "\\u202e" in page.locator("#task").inner_text()
+            assert "\u202e" not in page.content()
+            page.goto(server.url())
+            assert "rename the notes\\u202e file" in page.locator('[data-field="task"]').first.inner_text()
+            assert "second line" not in page.locator("#jobs").inner_text()  # the list shows the first line
+            # The attack: the reviewer's browser sent to her port, at the paths the cookie once had.
+            for host in ("127.0.0.1", "localhost"):
+                for path in ("/", "/review", "/review/", "/review/jobs/x", "/review/login", f"/review/{'0' * 32}"):
+                    page.goto(f"http://{host}:{her.port}{path}")
+            # The control: a cookie scoped the old way (host 127.0.0.1, Path=/review) does reach her server.
+            ctx.add_cookies([{"name": "old_design", "value": "probe-" + scope[:6], "domain": "127.0.0.1",
+                              "path": "/review", "httpOnly": True, "sameSite": "Strict"}])
+            page.goto(f"http://127.0.0.1:{her.port}/review/jobs/x")
+            ctx.close()
+    finally:
+        seen = her.stop()
+        server.stop()
+    log = json.dumps(seen)
+    assert len(seen) >= 13 and "probe-" + scope[:6] in log, "the control: a /review cookie reaches her port"
+    for what, value in secrets_shown.items():
+        assert value not in log, f"her server received the {what}"
+    # History: the sign-in address is there (the control that this is the right database), with a spent code.
+    history = profile / "Default" / "History"
+    assert history.is_file()
+    copy = tmp_path / "History.copy"
+    shutil.copyfile(history, copy)
+    with sqlite3.connect(copy) as db:
+        urls = [u for (u,) in db.execute("SELECT url FROM urls")]
+    assert any("/review/login?code=" in u for u in urls), urls
+    assert not any(server.token in u for u in urls), "the token is in the browser's history"
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+def test_a_taken_port_is_a_clear_error_and_nothing_is_printed_before_the_socket_listens(other_user):
+    her = HerServer(other_user, free_port())
+    try:
+        p = subprocess.run([str(PROCTOR), "serve", "--no-queue", "--port", str(her.port)], capture_output=True,
+                           text=True, timeout=60)
+    finally:
+        seen = her.stop()
+    assert p.returncode == 2, p.stderr
+    assert f"cannot listen on 127.0.0.1:{her.port}" in p.stderr and "taken" in p.stderr, p.stderr
+    token = (Path(os.environ["PROCTOR_HOME"]) / "review-token").read_text().strip()
+    assert "review page" not in p.stderr and "code=" not in p.stderr and token not in p.stderr + p.stdout
+    assert seen == []  # nobody was sent to her
+    # The control: on a free port the address comes once the socket listens, and it answers at once.
+    server = Server()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=1):
+            pass
+        assert "listening on 127.0.0.1:" in "".join(server.err)
+    finally:
+        server.stop()
+
+
+def test_a_job_id_is_not_a_capability_another_user_reads_nothing(other_user, repo, fake):
+    fake("claude", Behaviour(writes={"a.txt": "a\n"}))
+    job = run_job(repo, "T-v1")["jobId"]
+    server = Server()
+    probe = (f"import urllib.request, urllib.error\n"
+             f"try:\n    r = urllib.request.urlopen('{server.base}/v1/jobs/{job}'); print(r.status, r.read()[:300])\n"
+             f"except urllib.error.HTTPError as e:\n    print(e.code, e.read()[:300])\n")
+    try:
+        hers = subprocess.run(["/usr/bin/python3", "-c", probe], user=other_user.pw_uid, group=other_user.pw_gid,
+                              extra_groups=[], cwd="/", env={"PATH": "/usr/bin:/bin"}, capture_output=True,
+                              text=True, timeout=30)
+        ours = httpx.get(f"{server.base}/v1/jobs/{job}", headers={"Authorization": f"Bearer {server.token}"})
+        docs = httpx.get(f"{server.base}/docs")
+        spec = httpx.get(f"{server.base}/openapi.json")
+        anything = httpx.get(f"{server.base}/redoc")
+    finally:
+        server.stop()
+    assert hers.stdout.startswith("401 ") and "UNAUTHENTICATED" in hers.stdout, hers.stdout + hers.stderr
+    # The control: this install's token is past the check (--no-queue: the queue, not the credential, answers).
+    assert ours.status_code == 503 and ours.json()["code"] == "QUEUE_DISABLED", ours.text
+    assert docs.status_code == 404 and anything.status_code == 404
+    assert spec.status_code == 200 and spec.headers["content-type"] == "application/json"
+    for r in (docs, spec, anything, ours):
+        assert "frame-ancestors 'none'" in r.headers["content-security-policy"], r.url
+        assert r.headers["x-frame-options"] == "DENY" and r.headers["cache-control"] == "no-store"
+    assert "cdn" not in spec.text.lower()
+
+
+def test_a_sign_in_flood_is_limited_and_leaves_one_row_a_window(tmp_path):
+    """300 wrong tokens as fast as one client sends them: 10 sign-in pages, 290 short 429s, one ledger row; the
+    right token still signs in (every local user shares 127.0.0.1: a flood must not lock the reviewer out)."""
+    from proctor.ledger import Ledger
+
+    server = Server()
+    started = time.monotonic()
+    try:
+        with httpx.Client(base_url=server.base, timeout=10) as c:
+            codes = [c.post("/review/login", data={"token": f"guess-{i}"}).status_code for i in range(300)]
+            right = c.post("/review/login", data={"token": server.token})
+    finally:
+        server.stop()
+    took = time.monotonic() - started
+    assert codes.count(401) == 10 and codes.count(429) == 290, codes[:20]
+    assert right.status_code == 303
+    with Ledger.default() as led:
+        rows = [r.payload for r in led.rows(kind="review.web.login")]
+    failed = [r for r in rows if not r["ok"]]
+    assert failed == [{"ok": False, "client": "127.0.0.1", "failures": 300, "refused": 290, "windowS": 60.0,
+                       "limit": 10}], rows
+    assert [r for r in rows if r["ok"]] == [{"ok": True, "via": "token", "client": "127.0.0.1"}]
+    print(f"sign-in flood: 301 attempts in {took:.1f} s, {len(failed)} ledger row for the failures")
