@@ -195,6 +195,7 @@ def test_each_request_on_a_kept_alive_connection_is_decided_on_its_own(sockdir, 
      "request smuggling"),
     (b"GET http://user@127.0.0.1:{port}/ HTTP/1.1\r\n\r\n", "user part"),
     (b"GET http://127.0.0.1:{port}/ HTTP/1.1\r\nX-A: b\r\n folded\r\n\r\n", "malformed header"),
+    (b"CONNECT http://127.0.0.1:{port}/ HTTP/1.1\r\n\r\n", "CONNECT takes host:port"),
 ])
 def test_a_request_the_proxy_cannot_frame_is_refused(sockdir, server, head, says):
     decisions: list[dict[str, Any]] = []

@@ -184,6 +184,8 @@ def shared_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
+# useradd/userdel lock /etc/passwd and fail at once on a held lock: one worker for them under xdist.
+@pytest.mark.xdist_group("useradd")
 @pytest.mark.parametrize("planted", [True, False], ids=["another-users-agents-dir", "control"])
 def test_a_pre_created_agents_dir_of_another_user_is_refused_before_anything_runs(shared_dir, other_user, fake,
                                                                                     planted):

@@ -151,7 +151,7 @@ def test_the_patch_parser_touches_no_file_codex_does_not_and_misses_none(tmp_pat
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir()
         (d / "exist.txt").write_text("old\n")
-        subprocess.run([str(exe), text], cwd=d, capture_output=True, timeout=30)
+        subprocess.run([str(exe), text], check=False, cwd=d, capture_output=True, timeout=30)
         after = {str(p.relative_to(d)) for p in d.rglob("*") if p.is_file()}
         touched = after - {"exist.txt"}
         if "exist.txt" not in after or (d / "exist.txt").read_text() != "old\n":
@@ -258,3 +258,26 @@ def test_gemini_is_pointed_at_settings_it_loads_wherever_the_gate_dir_is(tmp_pat
         assert system_file_loads(path) and path.read_text() == '{"hooks": {}}'
     finally:
         shutil.rmtree(path.parent, ignore_errors=True)
+
+
+@pytest.mark.realcli
+@pytest.mark.parametrize("confine", ["off", "required"])
+def test_the_real_gemini_is_gated_in_every_confinement_mode(confine, tmp_path):
+    """The breach: `--confine off` ended BYPASS, "its hooks were not loaded". `required` is the control."""
+    import test_real_cli_jobs as real
+
+    job = real.run_job("gemini", tmp_path, extra=("--confine", confine))
+    r = job.result
+    assert r["status"] == "completed" and r["code"] == "OK", job.explain()
+    assert r["gate"]["armed"] is True and r["gate"]["calls"] == 1 and r["gate"]["refused"] == 0, r["gate"]
+    assert r["changed_files"] == [real.ACTION.name], job.explain()
+    assert (r["confinement"] == "none") == (confine == "off"), r["confinement"]
+
+
+def test_an_mcp_resource_tool_is_a_shell_and_never_in_a_default_task(ws):
+    from proctor.job.gatekeeper import ClaudeDialect, default_task
+
+    assert "ReadMcpResourceTool" not in {t.name for t in default_task("g", ws, True, CLAUDE_TOOLS).tools}
+    call = {"tool_name": "ReadMcpResourceTool", "tool_input": {"server": "s", "uri": "x"}, "tool_use_id": "r1"}
+    assert decide(ClaudeDialect(), task(ws, {"ReadMcpResourceTool": "read"}), call, ws).code is GateCode.PERMISSION
+    assert decide(ClaudeDialect(), task(ws, {"ReadMcpResourceTool": "read"}, shell=True), call, ws).code is GateCode.OK

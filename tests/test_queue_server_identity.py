@@ -168,6 +168,8 @@ def stale_client_connects(url: str, home: Path) -> None:
         asyncio.run(go())
 
 
+# useradd/userdel lock /etc/passwd and fail at once on a held lock: one worker for them under xdist.
+@pytest.mark.xdist_group("useradd")
 def test_another_users_listener_on_the_recorded_pid_and_port_never_gets_the_token(home, other_user):
     old = crash(home)
     token = (home / "nats" / "token").read_text().strip()

@@ -14,26 +14,38 @@ from proctor.web import patch
 BIG_BYTES = 39 * 1024 * 1024
 
 
-def test_a_39_mb_diff_gives_a_job_page_within_a_second_with_the_cut_said(repo, fake):
+def big_files() -> dict[str, str]:
+    """39 MB in the shapes that cost: minified JavaScript (long lines Pygments colours slowly), then a text file
+    of short lines, then a small file after both."""
+    minified = ("var a=1;" * 500 + "\n") * 1250  # 5 MB of 4,000-character lines
+    files = {f"dist/m{i}.min.js": minified for i in range(4)}
     line = "x" * 99 + "\n"
-    big = line * (BIG_BYTES // len(line))
-    fake("claude", Behaviour(writes={"big.txt": big, "small.py": "print('small')\n"}))
-    del big
+    files["big.txt"] = line * ((BIG_BYTES - 4 * len(minified)) // len(line))
+    files["small.py"] = "print('small')\n"
+    return files
+
+
+def test_a_39_mb_diff_gives_a_job_page_within_a_second_with_the_cut_said(repo, fake):
+    fake("claude", Behaviour(writes=big_files()))
     res = run_job(repo, "T-big")
     assert res["status"] == "completed" and "big.txt" in res["changed_files"], res
     job = res["jobId"]
     server = Server()
     try:
         c = server.client()
-        started = time.monotonic()
-        r = c.get(server.prefix + f"/jobs/{job}")
-        took = time.monotonic() - started
+        times = []
+        for _ in range(2):
+            started = time.monotonic()
+            r = c.get(server.prefix + f"/jobs/{job}")
+            times.append(time.monotonic() - started)
+        took = times[0]  # the first view: what a reviewer waits for
         small = c.get(server.prefix)  # the control: the list, with the same server
     finally:
         server.stop()
     assert r.status_code == 200 and small.status_code == 200
     html = r.text
-    print(f"job page with a {BIG_BYTES / 2**20:.0f} MB diff: {took:.2f} s, {len(html) / 2**20:.2f} MB of HTML")
+    print(f"job page with a {BIG_BYTES / 2**20:.0f} MB diff: {times[0]:.2f} s, then {times[1]:.2f} s, "
+          f"{len(html) / 2**20:.2f} MB of HTML")
     assert took < float(os.environ.get("PROCTOR_BIG_PAGE_S", "1.0")), took
     assert len(html) < 4 * 2**20
     assert "more lines of this file are not shown" in html and "proctor diff" in html

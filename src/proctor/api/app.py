@@ -250,6 +250,8 @@ def create_app(
             raise ApiError(409, reused.code, reused.message)
         try:
             done = await sender.publish(queue, sealed, sent=sent_store)
+        except sender.PublishRefused as exc:  # the queue server's own permissions: retrying will not help
+            raise ApiError(403, "QUEUE_REFUSED", str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - the queue is down or refused: the client may retry
             raise ApiError(503, "QUEUE_UNAVAILABLE",
                            f"the queue did not accept the job: {type(exc).__name__}: {exc}") from None

@@ -3,9 +3,10 @@
 Owns parsing egress entries, the allow decision (name or IP literal, port, and what the name resolves to)
 and the HTTP proxy the host runs on a Unix socket for the length of one job: CONNECT tunnels, and plain
 `http://` requests in absolute form (a local model server such as Ollama, vLLM or LM Studio speaks plain
-HTTP on loopback). It never spawns the
-agent; plan.py puts the agent in a network namespace with only loopback, where the Landlock helper's relay
-listens on 127.0.0.1 and forwards each TCP connection to this socket (bound into the sandbox).
+HTTP on loopback; claude and codex send such a base URL's requests to the proxy that way, gemini tunnels
+them with CONNECT). It never spawns the agent; plan.py puts the agent in a network namespace with only
+loopback, where the Landlock helper's relay listens on 127.0.0.1 and forwards each TCP connection to this
+socket (bound into the sandbox).
 
 The shape follows Anthropic's sandbox-runtime (research/sandbox.md 1): netns + host proxy over a bound
 Unix socket + HTTPS_PROXY for the CLI. The rules:
@@ -122,12 +123,12 @@ def is_public(addr: IPAddress) -> bool:
 @dataclass(frozen=True)
 class Limits:
     max_connections: int = 64  # concurrent, over the whole proxy; more are answered 503 at once
-    max_header_bytes: int = 8192  # the request head, CONNECT line and headers
+    max_header_bytes: int = 8192  # a request head (CONNECT or plain), and a chunk-size line of its body
     head_timeout_s: float = 10.0  # to send the request head
     resolve_timeout_s: float = 10.0
     connect_timeout_s: float = 10.0
     idle_timeout_s: float = 300.0  # no byte either way (model streams pause, but not for minutes)
-    max_tunnel_bytes: int = 1 << 30  # both directions together, per tunnel
+    max_tunnel_bytes: int = 1 << 30  # both directions together, per tunnel or plain-HTTP client connection
     max_decisions: int = 10_000  # per proxy; past it every request is refused without a callback
     callback_timeout_s: float = 30.0  # on_decision slower than this: refused (it still runs to its end)
 
@@ -136,7 +137,8 @@ Resolver = Callable[[str, int], Sequence[str]]
 
 
 class EgressProxy:
-    """An HTTP CONNECT proxy on a Unix socket, allowing only `allowed` endpoints; a context manager.
+    """An HTTP proxy (CONNECT and plain http://) on a Unix socket, allowing only `allowed` endpoints; a
+    context manager.
 
     `start()` returns once the socket listens (mode 0600 inside a 0700 directory the host owns: keep it
     outside every directory the agent may write, e.g. `tempfile.mkdtemp()`); `stop()` closes every tunnel,
@@ -608,6 +610,8 @@ def _request(head: bytes) -> _Request | str:
     if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or parts[2] not in ("HTTP/1.0", "HTTP/1.1"):
         return f"not an HTTP/1.x request line: {lines[0][:80]!r}"
     method, url, version = parts
+    if method == "CONNECT":
+        return "CONNECT takes host:port, not a URL"
     if url[:7].lower() != "http://":
         return "not an absolute http:// URL (https goes through CONNECT)"
     rest = url[7:]

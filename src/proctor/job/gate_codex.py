@@ -55,8 +55,6 @@ CODEX_TOOLS: dict[str, tuple[Effect, bool]] = {
     "Bash": (Effect.shell, False),
     "apply_patch": (Effect.write, False),
     "webrun": (Effect.network, True),
-    # The MCP resource tool reaches the user's MCP server processes: a program of theirs runs.
-    "read_mcp_resource": (Effect.shell, False),
 }
 HOOK_SCRIPT = "codex-hook.sh"
 # Characters that would break out of the hook command in gate_args (a TOML literal string holding a
@@ -117,7 +115,7 @@ def _lines(s: str) -> list[str]:
     line of its own to Python and part of another line to codex."""
     parts = s.split("\n")
     last = parts.pop()  # the one part no \\n ends: its \\r stays, as in Rust
-    lines = [p[:-1] if p.endswith("\r") else p for p in parts]
+    lines = [p.removesuffix("\r") for p in parts]
     return [*lines, last] if last else lines
 
 

@@ -52,14 +52,13 @@ MAX_BUFFERED = MAX_REQUEST + CHUNK  # all open requests' bytes together: the lar
 # Claude Code 2.1.197's built-in tools and what each does; how each row was determined is in the README's
 # gate table (research/gating.md "Coverage", its -p tool list, the binary's strings, the docs). A tool that
 # can run a command is `shell` whatever its name: `Skill` ran a skill's embedded `!`git ...`` itself with no
-# Bash row (issue 22, item 4); LSP starts language-server programs; the MCP resource tools reach the user's
-# MCP server processes; EnterWorktree/ExitWorktree run git itself.
+# Bash row (issue 22, item 4); LSP starts language-server programs; EnterWorktree/ExitWorktree run git
+# itself.
 CLAUDE_TOOLS: dict[str, tuple[Effect, bool]] = {
     "Bash": (Effect.shell, False), "BashOutput": (Effect.shell, False), "KillShell": (Effect.shell, False),
     "TaskOutput": (Effect.shell, False), "TaskStop": (Effect.shell, False), "Monitor": (Effect.shell, False),
     "PowerShell": (Effect.shell, False), "Skill": (Effect.shell, False), "LSP": (Effect.shell, False),
     "EnterWorktree": (Effect.shell, False), "ExitWorktree": (Effect.shell, False),
-    "ListMcpResourcesTool": (Effect.shell, False), "ReadMcpResourceTool": (Effect.shell, False),
     "Write": (Effect.write, False), "Edit": (Effect.write, False), "MultiEdit": (Effect.write, False),
     "NotebookEdit": (Effect.write, False),
     "Read": (Effect.read, False), "Glob": (Effect.read, False), "Grep": (Effect.read, False),
@@ -77,6 +76,9 @@ CLAUDE_TOOLS: dict[str, tuple[Effect, bool]] = {
 # Tool names no table lists that run a program of the user's (an MCP server, a gemini discovered tool or
 # extension): `shell`, whatever effect a declaration gives them (`measured`).
 COMMAND_PREFIXES = ("mcp__", "mcp_", "discovered_tool_")
+# The CLIs' MCP resource tools reach those same programs: `shell` when declared, and (no table row) never in
+# a default task, as before.
+COMMAND_TOOLS = frozenset({"ListMcpResourcesTool", "ReadMcpResourceTool", "read_mcp_resource"})
 # How strong an effect is, for `measured`: a declaration may not make a tool weaker than what it does.
 _STRENGTH = {Effect.none: 0, Effect.read: 1, Effect.write: 2, Effect.delete: 3, Effect.network: 4,
              Effect.send: 4, Effect.pay: 5, Effect.shell: 6}
@@ -88,8 +90,8 @@ def measured(task: AgentTask, tools: dict[str, tuple[Effect, bool]]) -> AgentTas
     let it run commands without the `shell` permission."""
     specs = []
     for t in task.tools:
-        effect, online = tools.get(t.name, (Effect.shell if t.name.startswith(COMMAND_PREFIXES) else t.effect,
-                                            False))
+        runs = t.name in COMMAND_TOOLS or t.name.startswith(COMMAND_PREFIXES)
+        effect, online = tools.get(t.name, (Effect.shell if runs else t.effect, False))
         if _STRENGTH[effect] > _STRENGTH[t.effect] or (online and not t.online):
             t = t.model_copy(update={"effect": max(effect, t.effect, key=_STRENGTH.__getitem__),
                                      "online": t.online or online})

@@ -41,6 +41,7 @@ from proctor.job.cgroup import Limits
 from proctor.job.git import git, unredirected_env
 from proctor.job.process import Limited, LocalRunner, ProcessRunner, Spawn
 from proctor.ledger import Ledger, LedgerError, LedgerFull, LedgerTampered
+from proctor.policy import diffcheck
 from proctor.policy.breaker import Breaker, evidence_for
 from proctor.policy.governor import Booking, Spend, UsageGovernor, iso
 from proctor.policy.stop import StopSwitch
@@ -488,6 +489,14 @@ def _diff_risks(job: _Job, landed: landing.Landing) -> None:
     job.risks.extend(preempt.preempting(landed.changed, base_modules=ours))
     job.risks.extend(signals.diff_signals(landed.git_dir, landed.base_sha, landed.commit, landed.changed,
                                           frozen.is_test_defining))
+    # The gate decides calls, not effects: the diff is checked against the declaration too (issue 22).
+    try:
+        policy = job.gate.gate.policy if job.gate is not None else Policy.load()
+    except PolicyError as exc:
+        job.risks.append(f"the job's diff was not checked against the trusted policy: {exc}")
+        return
+    job.risks.extend(diffcheck.undeclared(job.gate.gate.task if job.gate is not None else None,
+                                          policy.forbidden_paths, landed.changed))
 
 
 def _gate_dir(job: _Job) -> Path:

@@ -210,7 +210,7 @@ def copy_state(job_home: Path, home: Path, spec: AdapterSpec) -> StateCopy | str
             return f"the state dir {raw} of agent {spec.name!r} could not be copied for the job: {exc}"
         dirs.append(StateDir(raw, src, dst))
     keep = {raw: _digest(_under(job_home, raw)) for raw in spec.state_keep}
-    watch = _watch(job_home, spec.state_watch)
+    watch = _watch(job_home, spec.state_watch, spec.state_skip)
     return StateCopy(job_home, home, tuple(dirs), keep, watch, spec, budget.bytes, budget.files,
                      (time.monotonic() - start) * 1000, skipped)
 
@@ -270,12 +270,15 @@ def _digest(path: Path, key: str | None = None) -> str | None:
         except ValueError:
             return "not-json:" + hashlib.sha256(data).hexdigest()
         value = doc.get(key) if isinstance(doc, dict) else None
+        if value in (None, {}, []):
+            return None  # a CLI that writes its state file on first run with an empty table added nothing
         data = json.dumps(value, sort_keys=True).encode()
     return hashlib.sha256(data).hexdigest()
 
 
-def _watch(home: Path, entries: Sequence[str]) -> dict[str, str]:
-    """Every watched file under `home` with its digest: a folder entry stands for every file below it."""
+def _watch(home: Path, entries: Sequence[str], skip: Sequence[str] = ()) -> dict[str, str]:
+    """Every watched file under `home` with its digest: a folder entry stands for every file below it, but
+    what `skip` names (the CLI's own, regenerated each run: codex's bundled `skills/.system`)."""
     out: dict[str, str] = {}
     for entry in entries:
         raw, _, key = entry.partition("#")
@@ -290,9 +293,12 @@ def _watch(home: Path, entries: Sequence[str]) -> dict[str, str]:
                 dirnames.sort()
                 for name in sorted(files):
                     p = Path(root) / name
+                    rel = f"{raw}/{p.relative_to(path)}"
+                    if any(fnmatch.fnmatchcase(rel, pat) or rel.startswith(pat.rstrip("/") + "/") for pat in skip):
+                        continue
                     d = _digest(p)
                     if d is not None:
-                        out[f"{raw}/{p.relative_to(path)}"] = d
+                        out[rel] = d
         else:
             d = _digest(path)
             if d is not None:
@@ -327,7 +333,7 @@ def settle(copy: StateCopy) -> Settled:
             not_kept.append(raw)
             continue
         kept.append(raw)
-    after = _watch(copy.home, copy.spec.state_watch)
+    after = _watch(copy.home, copy.spec.state_watch, copy.spec.state_skip)
     changed = sorted(k for k in set(after) | set(copy.watch) if after.get(k) != copy.watch.get(k))
     return Settled(tuple(kept), tuple(not_kept), tuple(changed))
 

@@ -10,6 +10,7 @@ envelope named.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 import time
@@ -124,12 +125,43 @@ async def publish(backend: QueueBackend, sealed: Sealed, *, sent: SentStore | No
     # The job first, then the record: a job id must never be readable on the server before its job is in
     # the stream, so that anyone squatting on the id (a different envelope with it) comes later in the stream
     # and the listener can tell which envelope owns the id (store.JobStore).
-    if await backend.publish(job.target, job.lane, message_id(job.job_id, job.digest), sealed.to_wire()):
+    if await _publish(backend, job, sealed):
         # The first copy's record stays as it was: a second one would date the job from this re-send.
         return Enqueued(job.job_id, job.target, job.lane, job.kind, job.digest, DUPLICATE,
                         await _accepted_at(backend, job))
     await backend.put_job(job.job_id, record)
     return Enqueued(job.job_id, job.target, job.lane, job.kind, job.digest)
+
+
+class PublishRefused(Exception):
+    """The queue server refused this sender's publish (its NATS permissions): the reason is the server's."""
+
+
+REFUSAL_POLL_S = 0.05
+
+
+async def _publish(backend: QueueBackend, job: SentJob, sealed: Sealed) -> bool:
+    """`backend.publish`, except that a publish the server refuses ends at once with why. NATS answers a
+    denied publish only with an asynchronous `-ERR 'Permissions Violation ...'` (the client's `last_error`);
+    the JetStream publish itself would wait for an ack that never comes (measured: a generic timeout after
+    6-8 s, then an asyncio warning from the abandoned request). A backend without `nc` (memory) is just
+    awaited."""
+    task = asyncio.ensure_future(backend.publish(job.target, job.lane, message_id(job.job_id, job.digest),
+                                                 sealed.to_wire()))
+    client = getattr(backend, "nc", None)
+    before = getattr(client, "last_error", None)
+    while client is not None and not task.done():
+        await asyncio.wait({task}, timeout=REFUSAL_POLL_S)
+        err = getattr(client, "last_error", None)
+        if err is not None and err is not before and "permissions violation" in str(err).lower():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            raise PublishRefused(
+                f"the queue server refused to take job {job.job_id} for {job.target}/{job.lane}: "
+                f"{str(err).removeprefix('nats: ')}; this sender's NATS user may not enqueue for {job.target} "
+                "(the fleet's sender grants name the hosts each sender may reach)")
+    return await task
 
 
 async def _accepted_at(backend: QueueBackend, job: SentJob) -> float | None:

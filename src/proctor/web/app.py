@@ -107,6 +107,7 @@ class Site:
         self.env = _env()
         self.flashes: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.failures = Failures(self._failed_row)
+        patch.warm()
 
     def _failed_row(self, payload: dict[str, Any]) -> None:
         with self.open_ledger() as ledger:

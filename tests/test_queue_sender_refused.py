@@ -1,0 +1,77 @@
+"""A fleet sender whose NATS user may not publish to a host's subject (issue 23): `publish` says so at once,
+naming the subject and the server's words, instead of a generic timeout after 6-8 s and an asyncio warning."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import warnings
+
+import pytest
+
+from proctor.config import QueueSettings
+from proctor.queue import connection, sender, server
+from proctor.queue.fleet import Fleet, Tls
+from proctor.queue.jetstream import JetStreamBackend
+from proctor.queue.testing import nkey_user, throwaway_ca, trusted_home
+
+pytest.importorskip("nkeys")
+
+
+@pytest.fixture
+def limited(tmp_path):
+    """A fleet with hosts A and B and a sender `bob` allowed to enqueue for hostA only."""
+    ca = throwaway_ca(tmp_path / "pki")
+    ids = {n: nkey_user(tmp_path, n) for n in ("admin", "hostA", "hostB", "bob")}
+    f = Fleet(admin=ids["admin"][1],
+              hosts={"hostA": (ids["hostA"][1], ["default"]), "hostB": (ids["hostB"][1], ["default"])},
+              senders={"bob": (ids["bob"][1], ["hostA"])},
+              tls=Tls(str(ca.server_cert), str(ca.server_key), str(ca.ca)))
+    conf = tmp_path / "fleet.conf"
+    conf.write_text(json.dumps(f.server_config()))
+    handle = server.start(tmp_path / "store", config_file=conf)
+    url = handle.url.replace("nats://", "tls://")
+    settings = QueueSettings(tls_ca=str(ca.ca), tls_cert=str(ca.client_cert), tls_key=str(ca.client_key))
+
+    async def setup():
+        admin = await JetStreamBackend.connect(url, **connection.options(url, settings, tmp_path),
+                                               nkeys_seed=str(ids["admin"][0]))
+        for host in ("hostA", "hostB"):
+            await admin.ensure_lane(host, "default", slots=1, ack_wait_s=30)
+        await admin.close()
+
+    asyncio.run(setup())
+    yield url, settings, ids
+    handle.stop()
+
+
+def test_a_publish_the_server_refuses_reads_why_at_once(limited, proctor_home):
+    url, settings, ids = limited
+    th = trusted_home(proctor_home)
+
+    async def go():
+        bob = await JetStreamBackend.connect(url, manage=False, tls=connection.tls_context(settings),
+                                             nkeys_seed=str(ids["bob"][0]), inbox_prefix=b"_INBOX_bob")
+        out = {}
+        for host in ("hostA", "hostB"):  # hostA is the control: allowed, enqueued
+            (job,) = sender.build(targets=[host], kind="noop", lane="default", payload={}, signer=th.sender)
+            started = time.monotonic()
+            try:
+                await sender.publish(bob, job)
+                out[host] = ("ok", time.monotonic() - started)
+            except Exception as exc:  # noqa: BLE001 - what the caller sees is the point
+                out[host] = (f"{type(exc).__name__}: {exc}", time.monotonic() - started)
+        await bob.close()
+        return out
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = asyncio.run(go())
+    assert out["hostA"][0] == "ok", out
+    why, took = out["hostB"]
+    print(f"refused publish: {took:.2f} s: {why}")
+    assert why.startswith("PublishRefused: ") and "proctor.jobs.hostb.default" in why.lower(), why
+    assert "permission" in why.lower() and "hostA" not in why.split("refused", 1)[0], why
+    assert took < 2.0, took
+    assert not [w for w in caught if "never retrieved" in str(w.message) or "never awaited" in str(w.message)]
