@@ -26,8 +26,14 @@ system-deps:
 agent-clis:
 	bash scripts/install-agent-clis.sh
 
+# PYTEST_N=auto spreads the suite over the cores with pytest-xdist (a 229-test subset: 74 s serial, 49 s on
+# 2 workers; issue 25). Off by default until a whole run passes that way (notes/suite-readme.md). Tests
+# marked `serial` run after the rest, alone, in either case.
+PYTEST_N ?= 0
+
 test: $(STAMP) system-deps agent-clis
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_N) --dist loadgroup -m "not serial"
+	$(PY) -m pytest -q -p no:cacheprovider -m serial
 
 bench: $(STAMP)
 	for b in bench/*.py; do $(PY) $$b || exit 1; done

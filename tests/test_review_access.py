@@ -15,7 +15,6 @@ Under CI=true a missing useradd (or not being root) fails; elsewhere it skips.
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import pwd
@@ -24,7 +23,6 @@ import shutil
 import socket
 import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,8 +75,8 @@ def other_user() -> Iterator[pwd.struct_passwd]:
     try:
         yield pwd.getpwnam(name)
     finally:
-        subprocess.run(["userdel", "-r", name], capture_output=True)
-        assert subprocess.run(["id", name], capture_output=True).returncode != 0, f"user {name} was not removed"
+        subprocess.run(["userdel", "-r", name], capture_output=True, check=False)
+        assert subprocess.run(["id", name], capture_output=True, check=False).returncode != 0, f"user {name} was not removed"
 
 
 class HerServer:
@@ -158,7 +156,7 @@ def test_a_taken_port_is_a_clear_error_and_nothing_is_printed_before_the_socket_
     her = HerServer(other_user, free_port())
     try:
         p = subprocess.run([str(PROCTOR), "serve", "--no-queue", "--port", str(her.port)], capture_output=True,
-                           text=True, timeout=60)
+                           text=True, timeout=60, check=False)
     finally:
         seen = her.stop()
     assert p.returncode == 2, p.stderr
@@ -186,7 +184,7 @@ def test_a_job_id_is_not_a_capability_another_user_reads_nothing(other_user, rep
     try:
         hers = subprocess.run(["/usr/bin/python3", "-c", probe], user=other_user.pw_uid, group=other_user.pw_gid,
                               extra_groups=[], cwd="/", env={"PATH": "/usr/bin:/bin"}, capture_output=True,
-                              text=True, timeout=30)
+                              text=True, timeout=30, check=False)
         ours = httpx.get(f"{server.base}/v1/jobs/{job}", headers={"Authorization": f"Bearer {server.token}"})
         docs = httpx.get(f"{server.base}/docs")
         spec = httpx.get(f"{server.base}/openapi.json")

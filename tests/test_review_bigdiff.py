@@ -9,7 +9,6 @@ import time
 from review_site import Server, run_job
 
 from proctor.testing import Behaviour
-from proctor.web import patch
 
 BIG_BYTES = 39 * 1024 * 1024
 

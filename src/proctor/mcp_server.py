@@ -306,7 +306,7 @@ class Jobs:
         try:
             job.result = run_agent(job.request, config=config, progress=job.progress, cancel=job.cancel,
                                    job_id=job.job_id)
-        except BaseException as exc:  # noqa: BLE001 - the host never raises by contract; a bug ends the job here
+        except BaseException as exc:
             log.exception("job %s: the host raised", job.job_id)
             job.result = RunAgentResult(status=Status.failed, summary=f"the host failed: {exc}",
                                         known_risks=[f"the host failed: {type(exc).__name__}: {exc}"],
@@ -405,7 +405,7 @@ def _read_only(title: str) -> types.ToolAnnotations:
 def _ledger() -> Ledger:
     try:
         return Ledger.default()
-    except Exception as exc:  # noqa: BLE001 - an unusable ledger is a refusal, not a traceback
+    except Exception as exc:
         raise Refusal(ReviewCode.LEDGER_FAILED.value, f"the ledger cannot be opened: {exc}") from exc
 
 
@@ -449,7 +449,7 @@ class Surface:
             # Written ahead, before the host's own job.start: which surface asked. No row, no job.
             try:
                 ledger.append("mcp.run_agent", {"ok": True, "jobId": job_id, **row}, job_id=job_id)
-            except Exception as exc:  # noqa: BLE001 - LedgerError, a full disk, a closed file: all refuse
+            except Exception as exc:
                 raise Refusal(ReviewCode.LEDGER_FAILED.value, f"the mcp.run_agent row could not be written ({exc}); "
                               "nothing was launched") from exc
 
@@ -754,7 +754,7 @@ async def call_tool(surface: Surface, ctx: Ctx, name: str, arguments: dict[str, 
         answer = ok_result(await tool.run(surface, ctx, args))
     except Refusal as refusal:
         answer = error_result(refusal.code, refusal.reason, **refusal.details)
-    except Exception as exc:  # noqa: BLE001 - never a traceback to the client: a code and a sentence
+    except Exception as exc:
         log.exception("tool %s failed", name)
         answer = error_result(HOST_ERROR, f"the {name} tool failed inside proctor: {type(exc).__name__}: {exc}")
     log.debug("tool %s: %s in %.3f s", name, "error" if answer.is_error else "ok", time.monotonic() - start)

@@ -20,8 +20,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from proctor.queue.envelope import b64d, b64e, canonical_json
 from proctor.queue.envelope import Signer as KeySigner
+from proctor.queue.envelope import b64d, b64e, canonical_json
 from proctor.queue.signers import TrustStore
 
 READ_DOMAIN = b"proctor/read/v1\n"

@@ -19,7 +19,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from proctor.contract import parse_request
-from proctor.queue.backend import QueueBackend, answer_key, check_name, message_id, record_key, valid_job_id
+from proctor.queue.backend import (
+    QueueBackend,
+    answer_key,
+    check_name,
+    message_id,
+    record_key,
+    valid_job_id,
+)
 from proctor.queue.envelope import (
     CANCEL_DOMAIN,
     ENVELOPE_VERSION,

@@ -241,7 +241,7 @@ def _file(section: bytes, budget: int, byte_budget: int = MAX_PAGE_BYTES, colour
     return fd
 
 
-_FILE_START = re.compile(rb"^diff --git ", re.M)
+_FILE_START = re.compile(rb"^diff --git ", re.MULTILINE)
 
 
 def split(patch: bytes) -> Page:
