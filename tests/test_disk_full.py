@@ -72,8 +72,11 @@ def rows(home: Path) -> list[tuple[str, str | None]]:
 WRITER = '[agents.writer]\ncommand = ["sh", "-c", "echo done > out.txt"]\nprompt = "stdin"\n'
 # Writes its change, then fills the disk under $PROCTOR_HOME (it runs unconfined here) and exits 0: the rows
 # the host writes after it (the job's tree, the breaker, the job's end) meet a full disk.
-FILLER = ('[agents.filler]\ncommand = ["sh", "-c", "echo done > out.txt; cat /dev/zero > \\"$PROCTOR_HOME/fill\\" '
-          '2>/dev/null; exit 0"]\nprompt = "stdin"\n')
+# The agent gets no PROCTOR_HOME (a declared environment: issue 21), so the path it fills comes through the
+# adapter's env; without it `$FILL` is empty and the write fails at once rather than filling `/` (it did, 85 GB,
+# when the host's environment stopped reaching agents and this said "$PROCTOR_HOME/fill").
+FILLER = ('[agents.filler]\ncommand = ["sh", "-c", "echo done > out.txt; test -n \\"$FILL\\" || exit 3; '
+          'cat /dev/zero > \\"$FILL\\" 2>/dev/null; exit 0"]\nprompt = "stdin"\nenv = {{ FILL = \"{fill}\" }}\n')
 
 
 def test_a_full_disk_before_the_job_is_a_disk_full_result_and_the_ledger_stays_whole(repo, small_home):
@@ -95,7 +98,7 @@ def test_a_full_disk_before_the_job_is_a_disk_full_result_and_the_ledger_stays_w
 
 
 def test_a_disk_that_fills_during_the_job_still_ends_it_with_a_result_and_an_end_row(repo, small_home):
-    cfg = config(small_home, FILLER)
+    cfg = config(small_home, FILLER.format(fill=small_home / "fill"))
     p, res = run_job(repo, cfg, agent="filler")
     assert p.returncode != 0 and res["status"] == "failed" and res["code"] == "DISK_FULL", res
     assert any("disk is full" in r for r in res["known_risks"]), res["known_risks"]
