@@ -145,3 +145,26 @@ def serve_in_thread(app):  # type: ignore[no-untyped-def]
             thread.join(10)
 
     return serving()
+
+
+@pytest.fixture
+def other_user():
+    """A real second local user, `proctor-t-<random>` (a pwd entry), removed with its home after. Under CI a
+    machine that cannot make one fails: a skip there would hide a missing install step."""
+    import pwd
+    import secrets
+    import shutil
+
+    missing = "not root" if os.geteuid() != 0 else (
+        "" if shutil.which("useradd") and shutil.which("userdel") else "no useradd/userdel")
+    if missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"a second local user is needed and cannot be made: {missing}", pytrace=False)
+        pytest.skip(f"a second local user cannot be made: {missing}")
+    name = f"proctor-t-{secrets.token_hex(4)}"
+    subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", name], check=True, capture_output=True)
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["userdel", "-r", name], check=False, capture_output=True)
+        assert subprocess.run(["id", name], capture_output=True, check=False).returncode != 0, f"{name} stays"

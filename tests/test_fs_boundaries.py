@@ -159,22 +159,6 @@ def test_review_checkout_root_mode_is_normalised(tmp_path):
 # -- directories: checked, and a second local user cannot plant one ----------------------------------------------
 
 @pytest.fixture
-def other_user():
-    """A real second local user, removed after; under CI a machine that cannot make one fails."""
-    if os.geteuid() != 0 or shutil.which("useradd") is None:
-        why = "needs root and useradd to make a second local user"
-        if CI:
-            pytest.fail(f"CI: {why}", pytrace=False)
-        pytest.skip(why)
-    name = f"proctor-t-{secrets.token_hex(3)}"
-    subprocess.run(["useradd", "-m", "-s", "/bin/sh", name], check=True, capture_output=True)
-    try:
-        yield name
-    finally:
-        subprocess.run(["userdel", "-r", name], capture_output=True)
-
-
-@pytest.fixture
 def shared_dir():
     """A world-writable sticky dir every local user reaches (tmp_path's parents are root's 0700)."""
     d = Path(f"/tmp/proctor-shared-{secrets.token_hex(4)}")
@@ -192,7 +176,7 @@ def test_a_pre_created_agents_dir_of_another_user_is_refused_before_anything_run
     repo = make_repo(shared_dir)
     agents = shared_dir / "repo-agents"
     if planted:
-        subprocess.run(["mkdir", "-m", "0755", str(agents)], user=other_user, check=True)
+        subprocess.run(["mkdir", "-m", "0755", str(agents)], user=other_user.pw_name, check=True)
         assert agents.stat().st_uid != os.geteuid()
     claude = fake("claude", Behaviour(writes={"fix.txt": "fixed\n"}))
     res = run_agent(RunAgentRequest(agent="claude", task="t", repo=str(repo), ticket="T", validateCommand="true"))

@@ -16,12 +16,12 @@ import pytest
 
 from proctor.config import QueueSettings
 from proctor.contract import Code
-from proctor.queue import connection, sender, server
+from proctor.queue import connection, sender
 from proctor.queue.backend import record_key
-from proctor.queue.fleet import Fleet, Tls, sender_permissions
+from proctor.queue.fleet import sender_permissions
 from proctor.queue.jetstream import STREAM, JetStreamBackend
 from proctor.queue.signers import load_trust
-from proctor.queue.testing import nkey_user, read_probe, throwaway_ca, trusted_home, write_probe_agent
+from proctor.queue.testing import start_fleet, read_probe, throwaway_ca, trusted_home, write_probe_agent
 
 nkeys = pytest.importorskip("nkeys")
 PROCTOR = [sys.executable, "-c", "from proctor.cli import main; main()"]
@@ -30,28 +30,12 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture
 def fleet(tmp_path):
-    ca = throwaway_ca(tmp_path / "pki")
-    ids = {n: nkey_user(tmp_path, n) for n in ("admin", "hostA", "hostB", "alice")}
-    f = Fleet(admin=ids["admin"][1],
-              hosts={"hostA": (ids["hostA"][1], ["default"]), "hostB": (ids["hostB"][1], ["default"])},
-              senders={"alice": (ids["alice"][1], None)},
-              tls=Tls(str(ca.server_cert), str(ca.server_key), str(ca.ca)))
-    conf = tmp_path / "fleet.conf"
-    conf.write_text(json.dumps(f.server_config()))
-    handle = server.start(tmp_path / "store", config_file=conf)
-    url = handle.url.replace("nats://", "tls://")
-    settings = QueueSettings(tls_ca=str(ca.ca), tls_cert=str(ca.client_cert), tls_key=str(ca.client_key))
-
-    async def setup():
-        admin = await JetStreamBackend.connect(url, **connection.options(url, settings, tmp_path),
-                                               nkeys_seed=str(ids["admin"][0]))
-        for host in ("hostA", "hostB"):
-            await admin.ensure_lane(host, "default", slots=1, ack_wait_s=30)
-        await admin.close()
-
-    asyncio.run(setup())
-    yield url, ca, ids, settings
-    handle.stop()
+    fleet = start_fleet(tmp_path, {"alice": None})
+    url, settings, ids, ca = fleet.url, fleet.settings, fleet.ids, fleet.ca
+    try:
+        yield url, ca, ids, settings
+    finally:
+        fleet.handle.stop()
 
 
 async def as_user(url, settings, seed, name, **kw):

@@ -4,17 +4,14 @@ naming the subject and the server's words, instead of a generic timeout after 6-
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import warnings
 
 import pytest
 
-from proctor.config import QueueSettings
-from proctor.queue import connection, sender, server
-from proctor.queue.fleet import Fleet, Tls
+from proctor.queue import connection, sender
 from proctor.queue.jetstream import JetStreamBackend
-from proctor.queue.testing import nkey_user, throwaway_ca, trusted_home
+from proctor.queue.testing import start_fleet, trusted_home
 
 pytest.importorskip("nkeys")
 
@@ -22,28 +19,11 @@ pytest.importorskip("nkeys")
 @pytest.fixture
 def limited(tmp_path):
     """A fleet with hosts A and B and a sender `bob` allowed to enqueue for hostA only."""
-    ca = throwaway_ca(tmp_path / "pki")
-    ids = {n: nkey_user(tmp_path, n) for n in ("admin", "hostA", "hostB", "bob")}
-    f = Fleet(admin=ids["admin"][1],
-              hosts={"hostA": (ids["hostA"][1], ["default"]), "hostB": (ids["hostB"][1], ["default"])},
-              senders={"bob": (ids["bob"][1], ["hostA"])},
-              tls=Tls(str(ca.server_cert), str(ca.server_key), str(ca.ca)))
-    conf = tmp_path / "fleet.conf"
-    conf.write_text(json.dumps(f.server_config()))
-    handle = server.start(tmp_path / "store", config_file=conf)
-    url = handle.url.replace("nats://", "tls://")
-    settings = QueueSettings(tls_ca=str(ca.ca), tls_cert=str(ca.client_cert), tls_key=str(ca.client_key))
-
-    async def setup():
-        admin = await JetStreamBackend.connect(url, **connection.options(url, settings, tmp_path),
-                                               nkeys_seed=str(ids["admin"][0]))
-        for host in ("hostA", "hostB"):
-            await admin.ensure_lane(host, "default", slots=1, ack_wait_s=30)
-        await admin.close()
-
-    asyncio.run(setup())
-    yield url, settings, ids
-    handle.stop()
+    fleet = start_fleet(tmp_path, {"bob": ["hostA"]})
+    try:
+        yield fleet.url, fleet.settings, fleet.ids
+    finally:
+        fleet.handle.stop()
 
 
 def test_a_publish_the_server_refuses_reads_why_at_once(limited, proctor_home):

@@ -11,7 +11,6 @@ import asyncio
 import json
 import os
 import pwd
-import secrets
 import shutil
 import signal
 import subprocess
@@ -55,22 +54,6 @@ while True:
     c, _ = srv.accept()
     threading.Thread(target=serve, args=(c,), daemon=True).start()
 """
-
-
-@pytest.fixture
-def other_user():
-    """A second local user, `proctor-t-<random>`, removed (with its home) after. Under CI it must run."""
-    missing = "not root" if os.geteuid() != 0 else ("no useradd" if not shutil.which("useradd") else "")
-    if missing:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"a second local user is needed and cannot be made: {missing}")
-        pytest.skip(f"a second local user cannot be made: {missing}")
-    name = f"proctor-t-{secrets.token_hex(4)}"
-    subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", name], check=True, capture_output=True)
-    try:
-        yield pwd.getpwnam(name)
-    finally:
-        subprocess.run(["userdel", "-r", name], check=False, capture_output=True)
 
 
 def python_for(user: pwd.struct_passwd | None) -> str:

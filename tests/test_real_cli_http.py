@@ -22,10 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -34,13 +30,10 @@ from conftest import make_repo
 from modelserver import FINAL_TEXT, ScriptedModel
 from test_real_cli_jobs import (
     ACTION,
-    BIN,
     CLIS,
-    FOREIGN,
-    TASK,
     Job,
+    launch,
     need,
-    proctor_cmd,
     repo_state,
 )
 
@@ -73,23 +66,8 @@ def run_plain(case: str, tmp_path: Path, *, declare: str | None = None, overlay:
     config.write_text(f'confine = "required"\n\n[agents.{cli.name}]\nbase_url = "{model.url}{cli.base_path}"\n'
                       f'egress = ["{declare or model.endpoint}"]\n{cli.overlay}env = {{ {env_toml} }}\n'
                       + (f'model = "{cli.model}"\n' if cli.model else "") + overlay)
-    node = shutil.which("node")
-    path = [str(BIN), str(Path(sys.executable).parent), *([str(Path(node).parent)] if node else []),
-            "/usr/local/bin", "/usr/bin", "/bin"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(FOREIGN)}
-    env.update(cli.host_env, PATH=os.pathsep.join(dict.fromkeys(path)))
-    before = repo_state(repo)
-    argv = [*proctor_cmd(), "run-agent", "--agent", cli.name, "--task", TASK, "--repo", str(repo), "--ticket",
-            "T-1", "--confine", "required", "--validate-cmd", "true", "--timeout", "60", "--config", str(config)]
-    with model:
-        start = time.monotonic()
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=150)
-        seconds = time.monotonic() - start
-    try:
-        result = json.loads(done.stdout)
-    except ValueError:
-        pytest.fail(f"proctor printed no result (exit {done.returncode}): {done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    job = Job(result, done.returncode, done.stderr, seconds, model, repo, before, Path(os.environ["PROCTOR_HOME"]))
+    job = launch(cli, repo, config, model, Path(os.environ["PROCTOR_HOME"]), ("--validate-cmd", "true"))
+    seconds = job.seconds
     rows = job.egress()
     print(f"{case} plain http: {seconds:.1f} s, {len(rows)} egress rows: "
           f"{sorted({(d['host'], d['port'], d.get('scheme', 'connect'), d['allowed']) for d in rows})}")

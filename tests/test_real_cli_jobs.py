@@ -138,6 +138,28 @@ class Job:
                 f"\nstderr: {self.stderr[-1500:]}")
 
 
+
+def launch(cli, repo: Path, config: Path, model, proctor_home: Path, extra: tuple[str, ...] = ()) -> Job:
+    """`proctor run-agent` with the real CLI, as a user runs it (the CLI's own dir and node on PATH, no
+    foreign credentials), confined, against `model`; its result and what it took."""
+    node = shutil.which("node")
+    path = [str(BIN), str(Path(sys.executable).parent), *([str(Path(node).parent)] if node else []),
+            "/usr/local/bin", "/usr/bin", "/bin"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(FOREIGN)}
+    env.update(cli.host_env, PATH=os.pathsep.join(dict.fromkeys(path)))
+    before = repo_state(repo)
+    argv = [*proctor_cmd(), "run-agent", "--agent", cli.name, "--task", TASK, "--repo", str(repo), "--ticket",
+            "T-1", "--confine", "required", "--timeout", "60", "--config", str(config), *extra]
+    with model:
+        start = time.monotonic()
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=150)
+        seconds = time.monotonic() - start
+    try:
+        result = json.loads(done.stdout)
+    except ValueError:
+        pytest.fail(f"proctor printed no result (exit {done.returncode}): {done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    return Job(result, done.returncode, done.stderr, seconds, model, repo, before, proctor_home)
+
 def run_job(case: str, tmp_path: Path, fail: int | None = None, extra: tuple[str, ...] = (),
             files: dict[str, str] | None = None) -> Job:
     cli = CLIS[case]
@@ -163,23 +185,8 @@ def run_job(case: str, tmp_path: Path, fail: int | None = None, extra: tuple[str
     config.write_text(f'confine = "required"\n\n[agents.{name}]\nbase_url = "{model.url}{cli.base_path}"\n'
                       f'egress = ["{model.endpoint}"]\n{cli.overlay}env = {{ {env_toml} }}\n'
                       + (f'model = "{cli.model}"\n' if cli.model else ""))
-    node = shutil.which("node")
-    path = [str(BIN), str(Path(sys.executable).parent), *([str(Path(node).parent)] if node else []),
-            "/usr/local/bin", "/usr/bin", "/bin"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(FOREIGN)}
-    env.update(cli.host_env, PATH=os.pathsep.join(dict.fromkeys(path)))
-    before = repo_state(repo)
-    argv = [*proctor_cmd(), "run-agent", "--agent", name, "--task", TASK, "--repo", str(repo), "--ticket", "T-1",
-            "--confine", "required", "--timeout", "60", "--config", str(config), *extra]
-    with model:
-        start = time.monotonic()
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=150)
-        seconds = time.monotonic() - start
-    try:
-        result = json.loads(done.stdout)
-    except ValueError:
-        pytest.fail(f"proctor printed no result (exit {done.returncode}): {done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    job = Job(result, done.returncode, done.stderr, seconds, model, repo, before, proctor_home)
+    job = launch(cli, repo, config, model, proctor_home, extra)
+    result, seconds = job.result, job.seconds
     print(f"{case}{' fail=' + str(fail) if fail else ''}: {seconds:.1f} s (job {result.get('durationSeconds')} s)")
     return job
 

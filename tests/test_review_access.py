@@ -18,13 +18,11 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import secrets
 import shutil
 import socket
 import sqlite3
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -35,7 +33,8 @@ from test_review_browser import CHROMIUM_ARGS, chromium
 from proctor.testing import Behaviour
 from proctor.web.access import Access
 
-CI = os.environ.get("CI") == "true"
+# useradd/userdel lock /etc/passwd and fail at once on a held lock: one worker for them under xdist.
+pytestmark = pytest.mark.xdist_group("useradd")
 
 # Her server: answers anything with a small page and logs every request line and header to stdout, as JSON.
 HER_SERVER = r"""
@@ -56,27 +55,6 @@ srv = http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H)
 print(json.dumps({"listening": srv.server_address[1]}), flush=True)
 srv.serve_forever()
 """
-
-
-def _need(ok: bool, why: str) -> None:
-    if not ok:
-        if CI:
-            pytest.fail(why)
-        pytest.skip(why)
-
-
-@pytest.fixture
-def other_user() -> Iterator[pwd.struct_passwd]:
-    """A real second local user, removed after (with her home: `userdel -r`)."""
-    _need(os.geteuid() == 0, "making a second local user needs root")
-    _need(shutil.which("useradd") is not None and shutil.which("userdel") is not None, "useradd/userdel missing")
-    name = f"prt{secrets.token_hex(4)}"
-    subprocess.run(["useradd", "-m", "-s", "/bin/sh", name], check=True, capture_output=True)
-    try:
-        yield pwd.getpwnam(name)
-    finally:
-        subprocess.run(["userdel", "-r", name], capture_output=True, check=False)
-        assert subprocess.run(["id", name], capture_output=True, check=False).returncode != 0, f"user {name} was not removed"
 
 
 class HerServer:

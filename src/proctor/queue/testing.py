@@ -215,3 +215,47 @@ class Listeners:
                     proc.wait(wait_s)
                 except subprocess.TimeoutExpired:
                     proc.kill()
+
+
+@dataclass
+class FleetServer:
+    """A TLS fleet server for tests: hosts A and B on lane `default`, the senders given, an admin."""
+
+    url: str
+    settings: object  # proctor.config.QueueSettings for a client of this server
+    ids: dict[str, tuple[Path, str]]  # name -> (nkey seed file, public key)
+    ca: ThrowawayCa
+    handle: object  # proctor.queue.server's handle: .stop()
+
+
+def start_fleet(folder: Path, senders: dict[str, list[str] | None]) -> FleetServer:
+    """A real nats-server with the fleet's config (TLS with client certs, one NKEY per identity), its two
+    lanes made by the admin. `senders`: name -> the hosts it may enqueue for (None: any)."""
+    import asyncio
+
+    from proctor.config import QueueSettings
+    from proctor.queue import connection, server
+    from proctor.queue.fleet import Fleet, Tls
+    from proctor.queue.jetstream import JetStreamBackend
+
+    ca = throwaway_ca(folder / "pki")
+    ids = {n: nkey_user(folder, n) for n in ("admin", "hostA", "hostB", *senders)}
+    fleet = Fleet(admin=ids["admin"][1],
+                  hosts={"hostA": (ids["hostA"][1], ["default"]), "hostB": (ids["hostB"][1], ["default"])},
+                  senders={n: (ids[n][1], hosts) for n, hosts in senders.items()},
+                  tls=Tls(str(ca.server_cert), str(ca.server_key), str(ca.ca)))
+    conf = folder / "fleet.conf"
+    conf.write_text(json.dumps(fleet.server_config()))
+    handle = server.start(folder / "store", config_file=conf)
+    url = handle.url.replace("nats://", "tls://")
+    settings = QueueSettings(tls_ca=str(ca.ca), tls_cert=str(ca.client_cert), tls_key=str(ca.client_key))
+
+    async def lanes() -> None:
+        admin = await JetStreamBackend.connect(url, **connection.options(url, settings, folder),
+                                               nkeys_seed=str(ids["admin"][0]))
+        for host in ("hostA", "hostB"):
+            await admin.ensure_lane(host, "default", slots=1, ack_wait_s=30)
+        await admin.close()
+
+    asyncio.run(lanes())
+    return FleetServer(url, settings, ids, ca, handle)
