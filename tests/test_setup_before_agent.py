@@ -80,6 +80,8 @@ def test_control_a_host_outside_the_registries_is_refused_and_the_agent_runs_wit
     assert any("setup before the agent failed" in r for r in res.known_risks), res.known_risks
     rows = [r.payload for r in Ledger.default().rows() if r.kind == "egress.decision" and r.job_id == res.job_id]
     assert rows and not any(r.get("allowed") for r in rows), rows
+    # The cause is in the result itself, not only in the ledger (issue 24).
+    assert any("the network proxy refused requests to: 127.0.0.1:" in r for r in res.known_risks), res.known_risks
 
 
 def test_control_setup_without_registries_has_no_network(tmp_path, registry):

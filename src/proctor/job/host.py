@@ -107,6 +107,7 @@ class _Job:
     state_dirs: tuple[Path, ...] = ()  # the job's copies of the adapter's, under its own HOME (sandbox_home)
     state: sandbox_home.StateCopy | None = None  # settled when the agent exited (_settle_state)
     egress: EgressProxy | None = None  # the host-run proxy to the adapter's declared hosts, while the agent runs
+    refused_egress: dict[str, str] = field(default_factory=dict)  # host:port -> why, every proxy of the job
     gate: gatekeeper.GateService | None = None  # the gate the agent's CLI asks before each tool call
     backend: Backend | None = None  # an HTTP status the CLI's protocol reported for the deciding run
     # The repo's keys (config over the base's .proctor.toml), read once: its setup, shares and validate.
@@ -335,6 +336,7 @@ def _run(job: _Job, breaker: Breaker) -> RunAgentResult:
             after = breaker.record(pool, seen.signal, job_id=job.job_id)
             result.breaker = {"pool": pool, "admitted": True, "signal": seen.signal.value, "source": seen.source,
                               "state": after.state.value}
+    _refused_egress(job)
     result.known_risks = job.risks
     result.needs_human_review = not (
         result.status is Status.completed
@@ -823,8 +825,20 @@ def _setup(job: _Job, wt: worktree.Worktree, runner: ProcessRunner, env: dict[st
 def _egress_row(job: _Job) -> Callable[[dict], None]:
     def row(decision: dict) -> None:
         job.ledger.append("egress.decision", {"jobId": job.job_id, **decision}, job_id=job.job_id)
+        if not decision.get("allowed"):
+            where = f"{decision.get('host')}:{decision.get('port')}"
+            job.refused_egress.setdefault(where, str(decision.get("reason") or "refused"))
 
     return row
+
+
+def _refused_egress(job: _Job) -> None:
+    """A refused request is a cause a person should read in the result, not only in the ledger (a refused
+    registry read as "no version found", issue 24): each host:port once, with the proxy's reason."""
+    if job.refused_egress:
+        shown = [f"{where} ({why})" for where, why in list(job.refused_egress.items())[:5]]
+        more = f" (+{len(job.refused_egress) - 5} more)" if len(job.refused_egress) > 5 else ""
+        job.risks.append(f"the network proxy refused requests to: {'; '.join(shown)}{more}")
 
 
 def _stop_egress(job: _Job) -> None:
