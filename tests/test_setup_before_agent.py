@@ -88,3 +88,28 @@ def test_control_setup_without_registries_has_no_network(tmp_path, registry):
     res = job(tmp_path, f'setup = [{json.dumps(fetch(registry))}]\n')
     assert (Path(res.worktree_path) / "seen.txt").read_text() == "missing\n"
     assert res.validation[0]["exit_code"] != 0
+
+
+def test_setup_runs_in_the_same_environment_before_the_agent_as_before_validation(tmp_path):
+    """The repo's own `.venv` (not active) is on PATH for setup before the agent as it is before validation:
+    `tox: not found` (exit 127) before the agent, found after (issue 24)."""
+    import sys
+
+    repo = make_repo(tmp_path, {"README.md": "x\n", ".gitignore": ".venv/\ntool.txt\n",
+                                "pyproject.toml": '[project]\nname = "x"\nversion = "0"\n',
+                                ".proctor.toml": 'setup = ["mytool > tool.txt"]\n'})
+    bin_dir = repo / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").symlink_to(os.path.realpath(sys.executable))
+    (bin_dir / "mytool").write_text("#!/bin/sh\necho tool-ran\n")
+    (bin_dir / "mytool").chmod(0o755)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('confine = "required"\n[agents.st]\ncommand = ["sh", "-c", "cat tool.txt > seen.txt 2>&1"]\n'
+                   'prompt = "stdin"\nnetwork = false\n')
+    res = run_agent(RunAgentRequest(agent="st", task="t", repo=str(repo), ticket="T", validateCommand="true"),
+                    config=load_config(cfg))
+    before = [v for v in res.validation if v["label"].startswith("setup before the agent:")]
+    again = [v for v in res.validation if v["label"].startswith("setup: ")]
+    assert before and before[0]["exit_code"] == 0, res.validation
+    assert again and again[0]["exit_code"] == 0, res.validation  # control: before validation it always ran
+    assert (Path(res.worktree_path) / "seen.txt").read_text() == "tool-ran\n"

@@ -442,6 +442,24 @@ def prepare(checkout: Path, main_checkout: Path, plan: validate.Plan, base_confi
                                        and Path(st.argv[0]).name.startswith("python")), None))
 
 
+# Validation's own: its private HOME (before the agent, HOME stays the agent's, so what setup installs there
+# the agent finds), and the switches that tell tools the network is off (a setup with `registries` has one).
+NOT_BEFORE_THE_AGENT = frozenset({"HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"})
+OFFLINE = {"PIP_NO_INDEX": "1", "CARGO_NET_OFFLINE": "true", "GOPROXY": "off"}
+
+
+def setup_env(jenv: JobEnvironment, *, network: bool) -> tuple[dict[str, str], tuple[Path, ...]]:
+    """The variables the repo's setup gets before the agent, and the dirs they name: validation's own
+    (PATH with the repo's `.venv/bin`, VIRTUAL_ENV, the tools' caches and settings), so a command runs the
+    same before the agent as before validation (issue 24: `tox: not found` before the agent, found after),
+    but for HOME and, with a network, the offline switches."""
+    out = {k: v for k, v in jenv.env.items() if k not in NOT_BEFORE_THE_AGENT
+           and not (network and OFFLINE.get(k) == v)}
+    home = jenv.env.get("HOME")
+    dirs = tuple(d for d in jenv.dirs if not (home and (d == Path(home) or Path(home) in d.parents)))
+    return out, dirs
+
+
 def plan_for(plan: validate.Plan, cfg: RepoSettings | None, *, given: bool) -> validate.Plan:
     """The validation plan with the repo's `setup` steps first and its `validate` over autodetect (a
     request's own --validate-cmd, `given`, stays)."""

@@ -800,8 +800,19 @@ def _setup(job: _Job, wt: worktree.Worktree, runner: ProcessRunner, env: dict[st
     if proxy is not None:
         roots = dataclasses.replace(roots, egress_socket=proxy.socket_path,
                                     egress=tuple(str(e) for e in proxy.allowed))
+    # The same variables as before validation (PATH, the repo's venv, the tools' settings): one environment
+    # for the repo's commands, documented in README "The validation environment".
+    jenv = environment.prepare(wt.path, wt.repo.path, validate.Plan(()), cfg, tmp=job.agent_tmp / "setup-env",
+                               env=env, bind=False)
+    shared, dirs = environment.setup_env(jenv, network=proxy is not None)
     try:
-        steps, step_env = [], dict(env)
+        try:
+            for d in dirs:
+                d.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            job.risks.append(f"setup before the agent not run: its environment could not be made: {exc}")
+            return
+        steps, step_env = [], {**env, **shared}
         for command in cfg.setup:
             wrapped = job.confiner.wrap(["/bin/sh", "-c", command], roots)
             if isinstance(wrapped, confine.Unavailable):
