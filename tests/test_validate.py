@@ -26,6 +26,7 @@ def layout(root: Path, files: dict[str, str]) -> Path:
     ({"package.json": json.dumps({"scripts": {"test": "jest"}})}, ["npm test"]),
     ({"Cargo.toml": ""}, ["cargo test"]),
     ({"go.mod": ""}, ["go test ./..."]),
+    ({"go.mod": "", "vendor/modules.txt": ""}, ["go test -mod=vendor ./..."]),
     ({"App.sln": "", "a/A.csproj": ""}, ["dotnet build App.sln", "dotnet test App.sln"]),
     ({"A.csproj": ""}, ["dotnet build A.csproj", "dotnet test A.csproj"]),
     ({"Makefile": "test:\n\ttrue\n"}, ["make test"]),
