@@ -245,3 +245,40 @@ def test_a_command_with_no_evidence_says_the_exit_code_is_all_there_is(tmp_path)
     res = job(repo, tmp_path, write("calc.py", PY_REPO["calc.py"] + "# touched\n"), validateCommand="true")
     assert res.status is Status.completed and res.needs_human_review, res
     assert any("rests on its exit code alone" in r for r in res.known_risks), res.known_risks
+
+
+# -- every test the base defines ran -------------------------------------------------------------------------
+
+CASES_REPO = {
+    "pyproject.toml": '[project]\nname = "calc"\nversion = "0"\n',
+    "calc.py": "CASES = [(1, 2, 3), (2, 2, 4), (5, 5, 10)]\n\n\ndef add(a, b):\n    return a + b\n",
+    "tests/test_calc.py": ("import pytest\n\nfrom calc import CASES, add\n\n\n"
+                           "@pytest.mark.parametrize('a,b,want', CASES)\ndef test_add(a, b, want):\n"
+                           "    assert add(a, b) == want\n\n\ndef test_zero():\n    assert add(0, 0) == 0\n"),
+}
+# The library drives the test cases: emptied, the parametrized tests are gone, the rest passes, exit 0.
+EMPTIED = "CASES = []\n\n\ndef add(a, b):\n    return a - b if a != b else a + b\n"
+
+
+@needs_confinement
+def test_base_tests_that_no_longer_run_fail_validation(tmp_path):
+    repo = make_repo(tmp_path, dict(CASES_REPO))
+    plain = tmp_path / "plain"
+    subprocess.run(["git", "clone", "-q", str(repo), str(plain)], check=True)
+    (plain / "calc.py").write_text(EMPTIED)
+    ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=plain,
+                         capture_output=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert ran.returncode == 0, "control: with its cases emptied from the library, a plain run passes"
+    res = job(repo, tmp_path / "job", write("calc.py", EMPTIED))
+    assert res.status is Status.failed and res.code is Code.VALIDATION_FAILED, (res.known_risks, res.tests_attempted)
+    assert any("3 of the base's 4 tests did not run" in r and "test_add[" in r for r in res.known_risks), \
+        res.known_risks
+
+
+@needs_confinement
+def test_control_an_honest_change_keeps_every_base_test(tmp_path):
+    repo = make_repo(tmp_path, dict(CASES_REPO))
+    fixed = CASES_REPO["calc.py"].replace("return a + b", "return b + a")
+    res = job(repo, tmp_path / "job", write("calc.py", fixed))
+    assert res.status is Status.completed and not any("did not run" in r for r in res.known_risks), \
+        (res.known_risks, res.tests_attempted)

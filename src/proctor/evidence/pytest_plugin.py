@@ -84,6 +84,10 @@ def pytest_deselected(items):
 def pytest_collection_finish(session):
     if _controller(session.config):
         _emit({"e": "collected", "n": len(session.items)})
+        if getattr(session.config.option, "collectonly", False):
+            # The base's test set, for the host to hold the job's run to (a collect-only run of the base).
+            for item in session.items:
+                _emit({"e": "item", "id": item.nodeid})
 
 
 def pytest_runtest_logreport(report):

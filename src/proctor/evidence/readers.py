@@ -44,6 +44,8 @@ class Evidence:
     skips: tuple[Skip, ...] = ()
     session_exit: int | None = None  # the exit status the runner's session gave itself (pytest)
     failed_tests: tuple[str, ...] = field(default=())
+    ran_ids: frozenset[str] = frozenset()  # the tests that reported an outcome (pytest node ids)
+    item_ids: frozenset[str] = frozenset()  # what a collect-only run collected
 
     @property
     def ran(self) -> int:
@@ -78,6 +80,7 @@ def read_pytest(report: bytes) -> Evidence | None:
     xfail: set[str] = set()
     skips: list[Skip] = []
     collect_errors, collected, deselected, problems = [], None, 0, []
+    items: set[str] = set()
     for r in records:
         kind = r.get("e")
         if kind == "test":
@@ -93,6 +96,8 @@ def read_pytest(report: bytes) -> Evidence | None:
                 collect_errors.append(str(r.get("id")))
             elif r.get("origin"):
                 skips.append(Skip(str(r.get("id")), str(r.get("origin")), None))
+        elif kind == "item":
+            items.add(str(r.get("id")))
         elif kind == "collected" and isinstance(r.get("n"), int):
             collected = (collected or 0) + r["n"]
         elif kind == "deselected" and isinstance(r.get("n"), int):
@@ -114,13 +119,14 @@ def read_pytest(report: bytes) -> Evidence | None:
             passed += 1
     if collect_errors:
         problems.append(f"{len(collect_errors)} collection error(s): {', '.join(collect_errors[:3])}")
-    if collected is not None and finished and len(tests) < collected:
+    if collected is not None and finished and len(tests) < collected and not items:
         problems.append(f"{collected - len(tests)} of the {collected} collected tests never reported an outcome")
     exits = [r.get("exit") for r in finished if isinstance(r.get("exit"), int)]
     return Evidence("pytest", sessions=len(started), ended=len({r.get("pid") for r in finished} & started),
                     collected=collected, passed=passed, failed=failed, skipped=skipped, errors=errors + len(collect_errors),
                     xfailed=xfailed, deselected=deselected, problems=tuple(problems), skips=tuple(skips),
-                    session_exit=max(exits) if exits else None, failed_tests=tuple(failed_tests))
+                    session_exit=max(exits) if exits else None, failed_tests=tuple(failed_tests),
+                    ran_ids=frozenset(tests), item_ids=frozenset(items))
 
 
 # -- go test -json ------------------------------------------------------------------------------------------

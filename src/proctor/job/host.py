@@ -10,6 +10,8 @@ trusts the agent's word: `claimed_status` is recorded and decides nothing; `chan
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 import secrets
 import shutil
@@ -998,6 +1000,8 @@ def _validate(job: _Job, wt: worktree.Worktree, landed: landing.Landing, plan: v
     run = _validation_run(job, wt, landed, plan, env, "validate", tree, holdout, result)
     if run is None or _judge(job, run, result, ""):
         return
+    if _base_tests_missing(job, wt, landed, plan, env, run, result, touched):
+        return
     frozen_paths = sorted({*touched, *recipe_changed})
     if touched:
         job.progress.phase("validating with the base's test files")
@@ -1007,6 +1011,52 @@ def _validate(job: _Job, wt: worktree.Worktree, landed: landing.Landing, plan: v
         run = _validation_run(job, wt, landed, plan, env, "frozen", tree, holdout, None)
         if run is not None:
             _judge(job, run, result, " (with the base's test files)")
+
+
+def _base_tests_missing(job: _Job, wt: worktree.Worktree, landed: landing.Landing, plan: validate.Plan,
+                        env: dict[str, str], run: validate.Run, result: RunAgentResult, touched: list[str]) -> bool:
+    """Every test the base defines ran (pytest): the base's tree collected once (`--collect-only`, cached by
+    base commit and recipe), held against the node ids the job's run reported. A base test that is missing
+    while the agent changed no test-defining file fails validation (True): the code under test made it go
+    (a parametrize list emptied from the library); with test files changed it is a risk naming them."""
+    if not any(a.counts and a.counts.get("source") == "pytest" for a in run.attempts):
+        return False
+    base = _base_tests(job, wt, landed, plan, env)
+    if not base:
+        return False
+    ran = frozenset().union(*(a.ran_ids for a in run.attempts))
+    missing = sorted(base - ran)
+    if not missing:
+        return False
+    what = f"{len(missing)} of the base's {len(base)} tests did not run: {_names(missing)}"
+    if touched:
+        job.risks.append(f"{what} (the agent changed files that define the tests)")
+        return False
+    result.status, result.code = Status.failed, Code.VALIDATION_FAILED
+    job.risks.append(f"validation failed: {what}, and the agent changed no file that defines the tests")
+    return True
+
+
+def _base_tests(job: _Job, wt: worktree.Worktree, landed: landing.Landing, plan: validate.Plan,
+                env: dict[str, str]) -> frozenset[str] | None:
+    cfg = job.settings
+    key = hashlib.sha256(json.dumps([landed.base_sha, [s.argv for s in plan.steps],
+                                     dataclasses.asdict(cfg) if cfg else None], default=str).encode()).hexdigest()
+    cache = proctor_home() / "baselines" / f"{key}.json"
+    try:
+        return frozenset(json.loads(cache.read_text()))
+    except (OSError, ValueError):
+        pass
+    job.progress.phase("collecting the base's tests")
+    run = _validation_run(job, wt, landed, plan, env, "base", landed.base_sha, [], None, collect_only=True)
+    ids = frozenset().union(*(a.item_ids for a in run.attempts)) if run is not None else frozenset()
+    if ids:
+        try:
+            cache.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            cache.write_text(json.dumps(sorted(ids)))
+        except OSError:
+            pass  # uncached, the next job collects again
+    return ids or None
 
 
 def _tree_with_base(job: _Job, landed: landing.Landing, paths: list[str], what: str) -> str | None | worktree.Failure:
@@ -1054,7 +1104,7 @@ def _judge(job: _Job, run: validate.Run, result: RunAgentResult, suffix: str) ->
 
 def _validation_run(job: _Job, wt: worktree.Worktree, landed: landing.Landing, plan: validate.Plan,
                     env: dict[str, str], name: str, tree: str | None, holdout: list[str],
-                    result: RunAgentResult | None) -> validate.Run | None:
+                    result: RunAgentResult | None, *, collect_only: bool = False) -> validate.Run | None:
     """One validation in the work directory, made `tree` first (when not the job's own, already there),
     with a throw-away `.git`; the job's git dir (at the review path) is read-only to it. The job's
     environment (proctor.job.environment) mirrors the developer's: the repo's keys from config and the
@@ -1098,12 +1148,13 @@ def _validation_run(job: _Job, wt: worktree.Worktree, landed: landing.Landing, p
                           job_id=job.job_id)
     plan = environment.plan_for(plan, cfg, given=bool(job.request.validate_command))
     readonly = (*_main_repo(wt), wt.path, *jenv.readonly)
-    return _run_validation(job, plan, jenv, readonly, tmpdir, env, name, first, frozenset(landed.changed))
+    return _run_validation(job, plan, jenv, readonly, tmpdir, env, name, first, frozenset(landed.changed),
+                           collect_only)
 
 
 def _run_validation(job: _Job, plan: validate.Plan, jenv: environment.JobEnvironment, readonly: tuple[Path, ...],
                     tmpdir: Path, env: dict[str, str], name: str, first: bool,
-                    changed: frozenset[str]) -> validate.Run | None:
+                    changed: frozenset[str], collect_only: bool = False) -> validate.Run | None:
     # The evidence plugin sits in a host-owned dir the sandbox sees read-only at the same path; what it
     # reports goes to the run's private tmp (proctor.evidence.instrument says why env, not argv).
     run_env = {**env, **jenv.env}
@@ -1117,6 +1168,8 @@ def _run_validation(job: _Job, plan: validate.Plan, jenv: environment.JobEnviron
     if confined is None:
         return None
     run_env = {**run_env, **confined[1], **inst.env, "TMPDIR": str(tmpdir)}
+    if collect_only:
+        run_env["PYTEST_ADDOPTS"] += " --collect-only"
     checks = validate.Evidence(inst, job.work, lambda p: p in changed and not frozen.is_test_defining(p))
     if first:
         def run_probe(argv: list[str]) -> tuple[int | None, bytes]:

@@ -51,6 +51,8 @@ class Attempt:
     counts: dict[str, object] | None = None  # what the runner reported, test by test (proctor.evidence)
     failure: str | None = None  # why it failed though it exited 0: the evidence contradicts the exit code
     risks: tuple[str, ...] = ()  # what the evidence leaves unproven (the exit code alone, no test ran)
+    ran_ids: frozenset[str] = frozenset()  # the tests that reported an outcome (pytest node ids), not recorded
+    item_ids: frozenset[str] = frozenset()  # what a collect-only run collected, not recorded
 
     def record(self) -> dict[str, object]:
         return {"label": self.label, "exit_code": self.exit_code, "timed_out": self.timed_out,
@@ -199,7 +201,8 @@ def _with_evidence(attempt: Attempt, step: Step, checks: Evidence, stdout: bytes
     verdict = judge(step.label, attempt.exit_code, found, evidence.expects(argv), root=checks.root,
                     agent_code=checks.agent_code)
     return dataclasses.replace(attempt, counts=found.counts() if found else None, failure=verdict.failure,
-                               risks=verdict.risks)
+                               risks=verdict.risks, ran_ids=found.ran_ids if found else frozenset(),
+                               item_ids=found.item_ids if found else frozenset())
 
 
 def _tail(stdout: bytes, stderr: bytes) -> str:
