@@ -48,7 +48,7 @@ def check_dirs(dirs: Sequence[str]) -> list[str]:
     return bad
 
 
-def _files(root: Path) -> list[str]:
+def held_files(root: Path) -> list[str]:
     """Regular files below a trusted dir, relative; links and specials are not followed nor taken."""
     out = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
@@ -68,7 +68,7 @@ def lay(checkout: Path, dirs: Sequence[str]) -> Laid | str:
         return f"cannot open the validation checkout: {exc}"
     try:
         for d in dirs:
-            for rel in _files(Path(d)):
+            for rel in held_files(Path(d)):
                 files += 1
                 if files > MAX_FILES:
                     return f"the held-out tests hold more than {MAX_FILES} files"
