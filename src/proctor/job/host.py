@@ -717,28 +717,25 @@ def _hide_home(job: _Job, roots: confine.ConfineRequest,
                programs: list[str]) -> confine.ConfineRequest | confine.Unavailable:
     """`roots` with the user's home hidden (~/.ssh, cloud credentials, other tools' tokens: issue 21) but
     what the job needs from it: its own roots, the toolchains, the programs' installs, `read_home`."""
-    home = sandbox_home.user_home(unredirected_env())
+    host = unredirected_env()
+    home = sandbox_home.user_home(host)
     if home is None:
         return roots
-    hidden = sandbox_home.hidden_home(home, _home_shown(job, roots, programs))
+    keep = sandbox_home.home_keep(home, host, job.config.read_home, programs)
+    hidden = sandbox_home.hidden_home(home, _home_shown(home, keep, roots))
     if isinstance(hidden, str):
         return confine.Unavailable(f"{hidden}: name what it needs in read_home, or move it")
     extra = tuple(h for h in hidden if not any(h == a or h.is_relative_to(a) for a in roots.hidden))
     # What stays shown is also bound read-only: under bwrap a home below /tmp (a private tmpfs there)
     # would otherwise show nothing of it.
-    shown = tuple(p for p in sandbox_home.home_keep(home, unredirected_env(), job.config.read_home, programs)
-                  if p.exists() and p not in roots.readonly)
+    shown = tuple(p for p in keep if p.exists() and p not in roots.readonly)
     return dataclasses.replace(roots, hidden=(*roots.hidden, *extra), readonly=(*roots.readonly, *shown))
 
 
-def _home_shown(job: _Job, roots: confine.ConfineRequest, programs: list[str]) -> list[Path]:
-    host = unredirected_env()
-    home = sandbox_home.user_home(host)
-    if home is None:
-        return []
-    keep = [*sandbox_home.home_keep(home, host, job.config.read_home, programs),
-            *(Path(os.path.realpath(p)) for p in (*roots.writable, *roots.readonly, *(s for s, _ in roots.ro_binds)))]
-    return list(dict.fromkeys(k for k in keep if k.is_relative_to(home)))
+def _home_shown(home: Path, keep: list[Path], roots: confine.ConfineRequest) -> list[Path]:
+    """What of `home` the job reads: `keep` (sandbox_home.home_keep) and its own roots that live there."""
+    own = (Path(os.path.realpath(p)) for p in (*roots.writable, *roots.readonly, *(s for s, _ in roots.ro_binds)))
+    return list(dict.fromkeys(k for k in (*keep, *own) if k.is_relative_to(home)))
 
 
 def _boundary(job: _Job, roots: confine.ConfineRequest, programs: list[str], confinement: str) -> dict[str, object]:
@@ -751,7 +748,9 @@ def _boundary(job: _Job, roots: confine.ConfineRequest, programs: list[str], con
     return {"env": list(declared.names), "credentials": list(declared.credentials),
             "home": {"path": str(_job_home(job)), "user_home": str(home) if home else None,
                      "user_home_hidden": hidden,
-                     "readable": [str(p) for p in _home_shown(job, roots, programs)][:50] if hidden else None},
+                     "readable": [str(p) for p in _home_shown(
+                         home, sandbox_home.home_keep(home, host, job.config.read_home, programs), roots)][:50]
+                     if hidden else None},
             "state": job.state.describe() if job.state is not None else None}
 
 
@@ -897,8 +896,7 @@ def _main_repo(wt: worktree.Worktree) -> tuple[Path, ...]:
 
 
 def _confined_validation(job: _Job, plan: validate.Plan, checkout: Path, readonly: tuple[Path, ...],
-                         tmpdir: Path, ro_binds: tuple[tuple[Path, Path], ...] = ()
-                         ) -> tuple[validate.Plan, dict[str, str]] | None:
+                         tmpdir: Path, ro_binds: tuple[tuple[Path, Path], ...] = ()) -> validate.Plan | None:
     """Validation runs code the agent may have written (a conftest.py, a build script): it gets the agent's
     confinement in a checkout of its own, minus the network and the CLI's state dirs, with the review
     checkout read-only; its setup steps too (a setup script the agent rewrote sent `.env` to a listener
@@ -914,15 +912,15 @@ def _confined_validation(job: _Job, plan: validate.Plan, checkout: Path, readonl
         job.risks.append(f"validation not run: {roots.reason}")
         return None
     if job.confiner is None:
-        return plan, {}
-    steps, env = [], {}  # no step has a proxy's variables: none has a network
+        return plan
+    steps = []  # no step gets a proxy's variables: none has a network
     for step in plan.steps:
         wrapped = job.confiner.wrap(list(step.argv), roots)
         if isinstance(wrapped, confine.Unavailable):
             job.risks.append(f"validation not run: {wrapped.reason}")
             return None
         steps.append(validate.Step(step.label, tuple(wrapped.argv), step.source or step.argv))
-    return validate.Plan(tuple(steps)), env
+    return validate.Plan(tuple(steps))
 
 
 def _holdout(job: _Job, wt: worktree.Worktree) -> list[str]:
@@ -1169,17 +1167,17 @@ def _run_validation(job: _Job, plan: validate.Plan, jenv: environment.JobEnviron
     confined = _confined_validation(job, plan, job.work, readonly, tmpdir, binds)
     if confined is None:
         return None
-    run_env = {**run_env, **confined[1], **inst.env, "TMPDIR": str(tmpdir)}
+    run_env = {**run_env, **inst.env, "TMPDIR": str(tmpdir)}
     if collect_only:
         run_env["PYTEST_ADDOPTS"] += " --collect-only"
-    checks = validate.Evidence(inst, job.work, lambda p: p in changed and not frozen.is_test_defining(p))
+    checks = validate.Evidence.of_change(inst, job.work, changed)
     if first:
         def run_probe(argv: list[str]) -> tuple[int | None, bytes]:
             wrapped = _confined_validation(job, validate.Plan((validate.Step("probe", tuple(argv)),)), job.work,
                                            readonly, tmpdir, jenv.ro_binds)
             if wrapped is None:
                 return None, b""
-            ex = job.runner.run(Spawn(argv=wrapped[0].steps[0].argv, cwd=job.work, env=run_env, deadline_s=60,
+            ex = job.runner.run(Spawn(argv=wrapped.steps[0].argv, cwd=job.work, env=run_env, deadline_s=60,
                                       name=f"probe-{job.job_id}", poll=_poll(job), tail_bytes=64_000))
             return ex.exit_code, ex.stdout
 
@@ -1187,6 +1185,6 @@ def _run_validation(job: _Job, plan: validate.Plan, jenv: environment.JobEnviron
         job.risks.extend(probe_risks)
         job.ledger.append("job.probe", {"jobId": job.job_id, "found": found, "risks": probe_risks},
                           job_id=job.job_id)
-    return validate.run(confined[0], job.runner, cwd=job.work, env=run_env, timeout_s=job.config.validate_timeout,
+    return validate.run(confined, job.runner, cwd=job.work, env=run_env, timeout_s=job.config.validate_timeout,
                         name=f"{name}-{job.job_id}", poll=_poll(job), log=validation_log(job.job_id),
                         watch=job.progress.watch(None), checks=checks)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from proctor.evidence import instrument as evidence
 from proctor.evidence.verdict import judge
+from proctor.job import frozen
 from proctor.job.process import Poll, ProcessRunner, Spawn, Watch
 
 VALIDATE_TIMEOUT_S = 900
@@ -83,6 +84,11 @@ class Evidence:
     instrument: evidence.Instrument
     root: Path
     agent_code: Callable[[str], bool]
+
+    @classmethod
+    def of_change(cls, instrument: evidence.Instrument, root: Path, changed: frozenset[str]) -> Evidence:
+        """Agent code: a path the change touched that does not define the tests (proctor.job.frozen)."""
+        return cls(instrument, root, lambda p: p in changed and not frozen.is_test_defining(p))
 
 
 def _python() -> str:

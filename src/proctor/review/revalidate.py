@@ -184,7 +184,7 @@ def _run(s: Subject, config: Config, confiner: confine.Confiner, plan: validate.
         out.risks.append(unconfined)
     out.ran = True
     changed = frozenset(_changed(s))
-    checks = validate.Evidence(inst, s.checkout, lambda p: p in changed and not frozen.is_test_defining(p))
+    checks = validate.Evidence.of_change(inst, s.checkout, changed)
     return validate.run(validate.Plan(tuple(steps)), runner, cwd=s.checkout, env={**env, **jenv.env, **inst.env},
                         timeout_s=config.validate_timeout, name=f"{name}-{s.job_id}", poll=poll,
                         log=Path(out.log) if out.log else None, checks=checks)
