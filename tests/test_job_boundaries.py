@@ -14,6 +14,10 @@ import os
 from pathlib import Path
 
 import pytest
+from test_real_cli_jobs import (  # at import: its CLI cache is the real HOME's, not a test's
+    ACTION,
+    run_job,
+)
 
 from proctor.config import load_config
 from proctor.confine import detect
@@ -241,7 +245,6 @@ def test_a_state_dir_over_the_copy_cap_is_refused(repo, tmp_path, fake, monkeypa
 
 @pytest.mark.realcli
 def test_a_real_codex_job_completes_with_its_per_job_state(tmp_path):
-    from test_real_cli_jobs import ACTION, run_job
 
     job = run_job("codex", tmp_path)
     r, why = job.result, job.explain()
