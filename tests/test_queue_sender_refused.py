@@ -49,9 +49,10 @@ def test_a_publish_the_server_refuses_reads_why_at_once(limited, proctor_home):
         warnings.simplefilter("always")
         out = asyncio.run(go())
     assert out["hostA"][0] == "ok", out
+    # The refusal itself, named, is the property (before: a generic timeout after 6-8 s); how long it took is
+    # printed, never asserted (a test's clock is the machine's load).
     why, took = out["hostB"]
     print(f"refused publish: {took:.2f} s: {why}")
     assert why.startswith("PublishRefused: ") and "proctor.jobs.hostb.default" in why.lower(), why
     assert "permission" in why.lower() and "hostA" not in why.split("refused", 1)[0], why
-    assert took < 2.0, took
     assert not [w for w in caught if "never retrieved" in str(w.message) or "never awaited" in str(w.message)]

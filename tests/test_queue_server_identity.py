@@ -15,11 +15,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import nats
 import pytest
+from conftest import wait_until
 
 from proctor.config import QueueSettings
 from proctor.queue import connection, server
@@ -165,8 +165,8 @@ def test_another_users_listener_on_the_recorded_pid_and_port_never_gets_the_toke
         assert "token" not in connection.options(old["url"], QueueSettings(), home)
         stale_client_connects(old["url"], home)
         back_on_our_own(home, old, avoid_port=old["port"])
-        time.sleep(0.2)
-        heard = impostor.heard()
+        # It logs what it heard as it reads: wait for the CONNECT itself (bounded), then look at all of it.
+        heard = wait_until(lambda: b"CONNECT" in impostor.heard() and impostor.heard(), 60, "the impostor's log")
     finally:
         impostor.stop()
     assert b"CONNECT" in heard, heard[:500]  # it was reached, and what it heard...
