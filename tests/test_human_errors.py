@@ -314,3 +314,24 @@ def test_help_says_where_state_is_and_what_the_patch_task_is():
     assert "unified diff" in cli("run-agent", "--help").stdout
     # control: the jobs table names its column for what it is
     assert "needs_human_review" in cli("jobs", "--help").stdout
+
+
+def test_an_empty_repo_is_named_as_one(tmp_path, fake):
+    fake("claude", Behaviour(writes={"a": "1"}))
+    empty = tmp_path / "empty"
+    subprocess.run(["git", "init", "-q", "-b", "master", str(empty)], check=True)
+    res = run_agent(RunAgentRequest(agent="claude", task="t", repo=str(empty), ticket="T"))
+    assert res.code is Code.INVALID_REQUEST and "has no commits yet" in res.known_risks[0], res.known_risks
+    # Control: a repo with commits but no such branch keeps the plain words.
+    (empty / "f").write_text("x")
+    subprocess.run(["git", "-C", str(empty), "add", "f"], check=True)
+    subprocess.run(["git", "-C", str(empty), "commit", "-qm", "c"], check=True)
+    other = run_agent(RunAgentRequest(agent="claude", task="t", repo=str(empty), ticket="T", branch="nope"))
+    assert other.code is Code.INVALID_REQUEST and "does not name a commit" in other.known_risks[0], other.known_risks
+
+
+def test_a_step_killed_by_a_signal_says_so_not_a_negative_exit():
+    from proctor.job.validate import Attempt
+
+    assert Attempt("pytest", -15, False).line(60) == "pytest => killed by signal 15"
+    assert Attempt("pytest", 1, False).line(60) == "pytest => exit 1"  # control
