@@ -2,7 +2,8 @@
 command run directly in a plain clone.
 
 The projects are tests/ecosystems_fetch.py's (cachetools: src layout, editable in the active venv; six: flat
-layout, the repo's own .venv; xtend: npm devDependencies; itoa: a crate), fetched once into the fixture cache.
+layout, the repo's own .venv; cachetools as a uv project: hatchling, uv.lock, `uv sync`'s .venv, found from
+uv.lock with zero config; xtend: npm devDependencies; itoa: a crate), fetched once into the fixture cache.
 The job is `run_agent` end to end: an `sh` agent that fixes a one-line bug, confined (bwrap+landlock), the
 tree built, validation autodetected and run in the job's environment (private HOME and caches, the import
 probe, shares), the review checkout made. The direct run is the same test command in a fresh `git clone`
@@ -11,6 +12,7 @@ job's is), the clone and install not timed. Each side: the median of --runs, eve
 
 Target (issue 12): job <= 1.5 x direct + 0.5 s, per ecosystem.
 Run: .venv/bin/python bench/ecosystems.py [--runs 5] [--only python-src,node] [--confine required]
+(python-uv needs uv: the `test` extra installs it.)
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import ecosystems_fetch as fx  # noqa: E402
 
 
+BENCHED = ("python-src", "python-flat", "python-uv", "node", "rust")
+
+
 def setup(key: str, root: Path) -> tuple[Path, dict[str, str], Path | None]:
     """(repo, the developer's environment additions, the python the developer runs tests with)."""
     repo = fx.make_repo(key, root)
@@ -42,6 +47,8 @@ def setup(key: str, root: Path) -> tuple[Path, dict[str, str], Path | None]:
         env = {"VIRTUAL_ENV": str(venv), "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}"}
     elif key == "python-flat":
         python = fx.make_venv(repo / ".venv", repo)
+    elif key == "python-uv":
+        python = fx.uv_synced(repo) / "bin" / "python"  # the developer runs `uv run pytest`: this venv's python
     elif key == "node":
         fx.node_modules_installed(repo)
     elif key == "rust":
@@ -91,7 +98,7 @@ def bench(key: str, runs: int, confine: str) -> dict:
     try:
         repo, env, python = setup(key, root)
         os.environ.update(env)
-        if key == "python-flat":
+        if key in ("python-flat", "python-uv"):
             os.environ.pop("VIRTUAL_ENV", None)
         cfg = root / "agent.toml"
         cfg.write_text(f'confine = "{confine}"\n[agents.sh]\ncommand = ["/bin/sh", "-c", '
@@ -117,7 +124,7 @@ def bench(key: str, runs: int, confine: str) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--only", default=",".join(fx.PROJECTS))
+    ap.add_argument("--only", default=",".join(BENCHED))
     ap.add_argument("--confine", default="required", choices=["required", "auto", "off"])
     args = ap.parse_args()
     # One PROCTOR_HOME for the whole run: confinement is detected once per process and its Landlock helper

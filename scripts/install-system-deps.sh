@@ -3,6 +3,7 @@
 #   git, bubblewrap (confinement), sqlite3 (the ledger-tamper tests edit with the real CLI),
 #   a C compiler and the kernel headers (the Landlock exec helper is compiled on first use),
 #   cargo (the Rust ecosystem test; its crate comes from Debian's archive with `apt-get download`),
+#   golang-go (the Go ecosystem test: a vendored module; about 60 MB, 8 s to install here),
 #   chromium and a font (the review page's browser tests drive Debian's chromium through Playwright).
 # Node.js >= 20 with npm is expected from the machine image: Debian bookworm's nodejs is 18, too old for
 # gemini-cli 0.61, so it is not installed from here.
@@ -17,6 +18,8 @@ command -v cc >/dev/null || need+=(gcc)
 command -v flock >/dev/null || need+=(util-linux)
 # cargo/rustc: tests/test_ecosystems.py runs a real crate's `cargo test` (a rustup install counts).
 command -v cargo >/dev/null || [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ] || need+=(cargo)
+# go: tests/test_ecosystems.py tests a vendored Go module offline with `go test`.
+command -v go >/dev/null || need+=(golang-go)
 # chromium: tests/test_review_browser.py (Playwright from pip drives it; no browser is downloaded).
 command -v chromium >/dev/null || need+=(chromium)
 [ -d /usr/share/fonts/truetype/dejavu ] || need+=(fonts-dejavu-core)

@@ -5,8 +5,12 @@ a fresh repo, the developer's main checkout, with its dependencies installed the
 
     python-src   cachetools (src layout), installed editable into the ACTIVE venv, pointing at the main checkout
     python-flat  six (flat layout, one module), installed editable into the repo's own `.venv` (not active)
+    python-uv    cachetools as a uv project (hatchling, uv.lock, `uv sync`'s .venv with it editable), tested
+                 with `python -m pytest`, and again with `make test` running `uv run pytest` (issue 24)
     node         xtend, `npm install` in the main checkout (devDependency tape), `npm test`
-    rust         itoa (from Debian's librust-itoa-dev), `cargo test`, the developer's own target/ in main
+    rust         itoa (from Debian's librust-itoa-dev), `cargo test`, the developer's own target/ in main;
+                 and a two-crate workspace whose build script writes into the workspace's target/ (issue 24)
+    go           a module with its dependency vendored, `go test -mod=vendor` offline (issue 24)
 
 Every job is autodetected (no config, no --validate-cmd). A fix job starts from a base with one real bug and
 restores the published code: `completed` with needs_human_review false. A break job puts that bug into the
@@ -20,7 +24,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -190,6 +196,138 @@ def test_python_flat_layout_with_the_repos_own_venv(flat_project, tmp_path, monk
     assert main_state(repo) == before
 
 
+# -- python: a uv project, zero config (issue 24) -------------------------------------------------------------
+
+def uv_repo(tmp_path_factory, key: str) -> Path:
+    root = tmp_path_factory.mktemp(f"eco-{key}")
+    repo = fx.require(fx.make_repo, key, root)
+    fx.require(fx.uv_synced, repo)  # .venv: pytest, and cachetools editable from the main checkout's src
+    return repo
+
+
+@pytest.fixture(scope="module")
+def uv_project(tmp_path_factory):
+    return uv_repo(tmp_path_factory, "python-uv")
+
+
+@pytest.fixture(scope="module")
+def uv_make_project(tmp_path_factory):
+    return uv_repo(tmp_path_factory, "python-uv-make")
+
+
+def failed_test_named(res, name: str) -> bool:
+    """The failing test is named in what the result keeps of validation's output."""
+    return any(name in (v.get("output_tail") or "") for v in res.validation)
+
+
+def assert_uv_env(rows, repo: Path) -> None:
+    """Validation used the venv uv made for the main checkout, found from uv.lock, and kept uv on it."""
+    envrow = rows["job.environment"]
+    assert envrow["python_env"]["venv"] == str(repo / ".venv") and envrow["python_env"]["manager"] == "uv", envrow
+    assert {"VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT", "UV_NO_SYNC", "UV_OFFLINE"} <= set(envrow["env"]), envrow
+
+
+def test_uv_project_with_zero_config(uv_project, tmp_path):
+    repo = uv_project
+    proj = fx.PROJECTS["python-uv"]
+    before = main_state(repo)
+
+    res, rows = job(repo, tmp_path / "fix", proj.edit.fix, "broken")
+    assert_fixed(res, rows)
+    assert res.tests_attempted[0].endswith("-m pytest => exit 0"), res.tests_attempted
+    assert_uv_env(rows, repo)
+    # The package is installed editable from the main checkout (hatchling's .pth names its src), yet the
+    # code tested is the job's: the validated tree's src comes first.
+    assert_inside_validated_tree(probe_origins(rows, "python"), repo)
+
+    res, rows = job(repo, tmp_path / "break", proj.edit.breaks, "master")
+    assert_broken(res, rows)
+    assert failed_test_named(res, "tests/test_lru.py"), res.validation
+    assert_inside_validated_tree(probe_origins(rows, "python"), repo)
+    assert main_state(repo) == before  # .venv included: used read-only, never synced
+
+
+def test_uv_venv_for_another_lockfile_is_a_risk(uv_project, tmp_path):
+    """The venv was installed from the main checkout's uv.lock: a tree with another lockfile is tested with
+    dependencies it may not declare. The job still runs on it (nothing else has the project's deps), but
+    the verdict says so and is never trusted alone (beside the zero-config fix above, which has no risk)."""
+    repo = uv_project
+    proj = fx.PROJECTS["python-uv"]
+    res, rows = job(repo, tmp_path / "lock", f"{proj.edit.fix} && printf '# a newer lock\\n' >> uv.lock", "broken")
+    assert res.status is Status.completed and res.tests_attempted[0].endswith("=> exit 0"), res
+    assert res.needs_human_review is True
+    venv = [r for r in res.known_risks if str(repo / ".venv") in r]
+    assert len(venv) == 1 and "uv.lock" in venv[0], res.known_risks
+    assert_uv_env(rows, repo)
+
+
+def test_uv_run_with_zero_config(uv_make_project, tmp_path, monkeypatch):
+    """`make test` running `uv run pytest`: in a checkout of its own with no network, uv builds a venv of
+    its own there and syncs it from the index (the control: it fails). The job keeps uv on the main
+    checkout's venv, offline and without syncing."""
+    repo = uv_make_project
+    proj = fx.PROJECTS["python-uv-make"]
+    uv = fx.require(fx.uv_binary)
+    monkeypatch.setenv("PATH", f"{Path(uv).parent}{os.pathsep}{os.environ['PATH']}")
+    clone = tmp_path / "control"
+    subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True)
+    naive = subprocess.run(["make", "test"], cwd=clone, capture_output=True, text=True,
+                           env={**os.environ, "UV_OFFLINE": "1", "UV_CACHE_DIR": str(tmp_path / "empty-cache"),
+                                "UV_PYTHON_DOWNLOADS": "never"})
+    assert naive.returncode != 0 and (clone / ".venv").is_dir(), "control: uv run should have made its own venv"
+    before = main_state(repo)
+
+    res, rows = job(repo, tmp_path / "fix", proj.edit.fix, "broken")
+    assert_fixed(res, rows)
+    assert res.tests_attempted == ["make test => exit 0"], res.tests_attempted
+    assert_uv_env(rows, repo)
+
+    res, rows = job(repo, tmp_path / "break", proj.edit.breaks, "master")
+    assert_broken(res, rows)
+    assert res.tests_attempted[0].startswith("make test => exit "), res.tests_attempted
+    assert failed_test_named(res, "tests/test_lru.py"), res.validation
+    assert main_state(repo) == before
+
+
+@pytest.fixture(scope="module")
+def poetry_project(tmp_path_factory):
+    """six as a poetry project, its venv where poetry keeps one (`{virtualenvs.path}/<name>-<hash>-pyX.Y`),
+    here under the test's /tmp, which the sandbox does not show (bwrap gives it a private /tmp) unless the
+    job environment names it."""
+    root = tmp_path_factory.mktemp("eco-python-poetry")
+    repo = fx.require(fx.make_repo, "python-poetry", root)
+    venvs = root / "poetry-virtualenvs"
+    minor = f"{sys.version_info.major}.{sys.version_info.minor}"
+    venv = venvs / f"{environment.poetry_env_name('six', repo)}-py{minor}"
+    fx.require(fx.make_venv, venv, repo)
+    return repo, venvs, venv
+
+
+def test_poetry_venv_outside_the_checkout_with_zero_config(poetry_project, tmp_path, monkeypatch):
+    repo, venvs, venv = poetry_project
+    monkeypatch.setenv("POETRY_VIRTUALENVS_PATH", str(venvs))  # the developer's poetry setting, read from the host
+    proj = fx.PROJECTS["python-poetry"]
+    before = main_state(repo)
+
+    res, rows = job(repo, tmp_path / "fix", proj.edit.fix, "broken")
+    assert_fixed(res, rows)
+    envrow = rows["job.environment"]
+    assert envrow["python_env"]["venv"] == str(venv) and envrow["python_env"]["manager"] == "poetry", envrow
+    assert_inside_validated_tree(probe_origins(rows, "python"), repo)
+
+    res, rows = job(repo, tmp_path / "break", proj.edit.breaks, "master")
+    assert_broken(res, rows)
+    assert main_state(repo) == before
+
+    # Control: where poetry would not find it, neither does the job, and it says what it looked for.
+    monkeypatch.setenv("POETRY_VIRTUALENVS_PATH", str(tmp_path / "elsewhere"))
+    res, rows = job(repo, tmp_path / "lost", proj.edit.fix, "broken")
+    assert rows["job.environment"]["python_env"] is None
+    lost = [r for r in res.known_risks if "uses poetry (poetry.lock)" in r]
+    assert len(lost) == 1 and str(tmp_path / "elsewhere") in lost[0], res.known_risks
+    assert res.needs_human_review is True
+
+
 # -- node: devDependencies installed in the main checkout --------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -247,12 +385,12 @@ def test_rust_crate_with_private_target_dir(rust_project, tmp_path, monkeypatch)
     res, rows = job(repo, tmp_path / "fix", proj.edit.fix, "broken")
     assert_fixed(res, rows)
     assert res.tests_attempted == ["cargo test => exit 0"]
-    assert {"HOME", "CARGO_TARGET_DIR", "CARGO_NET_OFFLINE"} <= set(rows["job.environment"]["env"])
+    assert {"HOME", "CARGO_NET_OFFLINE"} <= set(rows["job.environment"]["env"])
 
     res, rows = job(repo, tmp_path / "break", proj.edit.breaks, "master")
     assert_broken(res, rows)
     assert res.tests_attempted == ["cargo test => exit 101"]
-    assert main_state(repo) == before  # target/ included: the job built into its own CARGO_TARGET_DIR
+    assert main_state(repo) == before  # target/ included: the job built in a checkout of its own
     if cargo_home:
         assert sorted(os.listdir(cargo_home)) == home_before
 
@@ -303,6 +441,154 @@ def test_rust_dependency_from_a_shared_read_only_registry(rust_project, tmp_path
     assert main_state(repo) == before
 
 
+# A two-crate workspace whose build script writes a generated file into the workspace's target/ and whose
+# code includes it from there: it builds where cargo builds by default, and only there (issue 24: with the
+# target dir moved under the job's tmp, `setup = ["mkdir -p target"]` was needed).
+WORKSPACE = {
+    "Cargo.toml": '[workspace]\nmembers = ["units", "clock"]\nresolver = "2"\n',
+    "units/Cargo.toml": '[package]\nname = "units"\nversion = "0.1.0"\nedition = "2021"\n',
+    "units/build.rs": """use std::{env, fs, path::Path};
+
+fn main() {
+    // The workspace's target/, where cargo builds it by default: the generated table lives beside the build.
+    let target = Path::new(&env::var("CARGO_MANIFEST_DIR").unwrap()).join("../target");
+    fs::write(target.join("units.rs"), "pub const MILLIS_PER_SECOND: u64 = 1000;\\n")
+        .expect("cannot write the workspace's target/units.rs");
+    println!("cargo:rerun-if-changed=build.rs");
+}
+""",
+    "units/src/lib.rs": 'include!(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/units.rs"));\n',
+    "clock/Cargo.toml": '[package]\nname = "clock"\nversion = "0.1.0"\nedition = "2021"\n\n'
+                        '[dependencies]\nunits = { path = "../units" }\n',
+    "clock/src/lib.rs": """pub fn millis(seconds: u64) -> u64 {
+    seconds * units::MILLIS_PER_SECOND
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn three_seconds_in_millis() {
+        assert_eq!(super::millis(3), 3000);
+    }
+}
+""",
+}
+WORKSPACE_BUG = ("seconds * units::MILLIS_PER_SECOND", "seconds + units::MILLIS_PER_SECOND")
+
+
+@pytest.fixture(scope="module")
+def rust_workspace(rust_project, tmp_path_factory):
+    """master as written, `broken` with the bug. No .gitignore: nothing but the host keeps `target/` out of
+    the job's tree and the review checkout."""
+    _, env = rust_project
+    repo = tmp_path_factory.mktemp("eco-rust-ws") / "ws"
+    for rel, text in WORKSPACE.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    subprocess.run(["cargo", "generate-lockfile", "--offline"], cwd=repo, env={**os.environ, **env}, check=True,
+                   capture_output=True)
+    for argv in (["init", "-q", "-b", "master"], ["add", "-A"], ["commit", "-qm", "a two-crate workspace"],
+                 ["checkout", "-q", "-b", "broken"]):
+        subprocess.run([*fx.GIT, *argv], cwd=repo, check=True, capture_output=True)
+    lib = repo / "clock/src/lib.rs"
+    lib.write_text(lib.read_text().replace(*WORKSPACE_BUG))
+    for argv in (["commit", "-qam", "a bug"], ["checkout", "-q", "master"]):
+        subprocess.run([*fx.GIT, *argv], cwd=repo, check=True, capture_output=True)
+    return repo, env
+
+
+def test_rust_workspace_build_script_writing_into_target(rust_workspace, tmp_path, monkeypatch):
+    repo, env = rust_workspace
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    # Control: the same checkout built with the target dir elsewhere (as validation did before) fails in the
+    # build script, and builds where cargo puts it by default.
+    clone = tmp_path / "control"
+    subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True)
+    moved = subprocess.run(["cargo", "test", "--offline", "-q"], cwd=clone, capture_output=True, text=True,
+                           env={**os.environ, "CARGO_TARGET_DIR": str(tmp_path / "elsewhere")})
+    assert moved.returncode != 0 and "target/units.rs" in moved.stderr, moved.stderr[-2000:]
+    before = main_state(repo)
+    edit = fx.Edit("clock/src/lib.rs", *WORKSPACE_BUG)
+
+    res, rows = job(repo, tmp_path / "fix", edit.fix, "broken")
+    assert_fixed(res, rows)
+    assert res.tests_attempted == ["cargo test => exit 0"]
+    assert res.changed_files == ["clock/src/lib.rs"]
+    assert "CARGO_TARGET_DIR" not in rows["job.environment"]["env"]  # cargo's default, in the job's checkout
+    # Validation built in the job's own checkout; what a person reviews is the job's commit, nothing more.
+    review = Path(res.worktree_path)
+    assert not (review / "target").exists()
+    assert _git(review, "status", "--porcelain", "--ignored") == ""
+
+    res, rows = job(repo, tmp_path / "break", edit.breaks, "master")
+    assert_broken(res, rows)
+    assert res.tests_attempted == ["cargo test => exit 101"]
+    assert failed_test_named(res, "three_seconds_in_millis"), res.validation
+    assert not (Path(res.worktree_path) / "target").exists()
+    assert main_state(repo) == before
+
+
+# -- go: a vendored module (issue 24: validation has no network, so only vendor/ can supply its dependency) ----
+
+# A module whose go.mod predates go 1.14, so go does not turn vendoring on by itself: its dependency is found
+# in vendor/ only with -mod=vendor, which validation's autodetection adds when vendor/modules.txt is there.
+GO_MODULE = {
+    "go.mod": "module example.com/clock\n\ngo 1.13\n\nrequire example.com/units v1.0.0\n",
+    "vendor/modules.txt": "# example.com/units v1.0.0\nexample.com/units\n",
+    "vendor/example.com/units/units.go": "// Package units: time units.\npackage units\n\n"
+                                         "// MillisPerSecond is a second in milliseconds.\n"
+                                         "const MillisPerSecond = 1000\n",
+    "clock.go": "package clock\n\nimport \"example.com/units\"\n\n"
+                "// Millis converts seconds to milliseconds.\n"
+                "func Millis(seconds uint64) uint64 {\n\treturn seconds * units.MillisPerSecond\n}\n",
+    "clock_test.go": "package clock\n\nimport \"testing\"\n\n"
+                     "func TestThreeSecondsInMillis(t *testing.T) {\n"
+                     "\tif got := Millis(3); got != 3000 {\n\t\tt.Fatalf(\"Millis(3) = %d, want 3000\", got)\n\t}\n}\n",
+}
+GO_BUG = ("seconds * units.MillisPerSecond", "seconds + units.MillisPerSecond")
+
+
+@pytest.fixture(scope="module")
+def go_module(tmp_path_factory):
+    env = fx.require(fx.go_env)
+    repo = tmp_path_factory.mktemp("eco-go") / "clock"
+    for rel, text in GO_MODULE.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    for argv in (["init", "-q", "-b", "master"], ["add", "-A"], ["commit", "-qm", "a vendored module"],
+                 ["checkout", "-q", "-b", "broken"]):
+        subprocess.run([*fx.GIT, *argv], cwd=repo, check=True, capture_output=True)
+    (repo / "clock.go").write_text((repo / "clock.go").read_text().replace(*GO_BUG))
+    for argv in (["commit", "-qam", "a bug"], ["checkout", "-q", "master"]):
+        subprocess.run([*fx.GIT, *argv], cwd=repo, check=True, capture_output=True)
+    return repo, env
+
+
+def test_go_vendored_module_with_zero_config(go_module, tmp_path):
+    repo, env = go_module
+    # Control: without -mod=vendor and with no network (validation's), go cannot find the dependency.
+    clone = tmp_path / "control"
+    subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True)
+    plain = subprocess.run(["go", "test", "./..."], cwd=clone, capture_output=True, text=True,
+                           env={**os.environ, **env, "GOPROXY": "off", "GOFLAGS": "",
+                                "GOCACHE": str(tmp_path / "gocache"), "GOPATH": str(tmp_path / "gopath")})
+    assert plain.returncode != 0 and "example.com/units" in plain.stderr, plain.stderr[-2000:]
+    before = main_state(repo)
+    edit = fx.Edit("clock.go", *GO_BUG)
+
+    res, rows = job(repo, tmp_path / "fix", edit.fix, "broken")
+    assert_fixed(res, rows)
+    assert res.tests_attempted == ["go test -mod=vendor ./... => exit 0"], res.tests_attempted
+    assert {"GOCACHE", "GOPROXY"} <= set(rows["job.environment"]["env"])
+
+    res, rows = job(repo, tmp_path / "break", edit.breaks, "master")
+    assert_broken(res, rows)
+    assert res.tests_attempted == ["go test -mod=vendor ./... => exit 1"], res.tests_attempted
+    assert failed_test_named(res, "TestThreeSecondsInMillis"), res.validation
+    assert main_state(repo) == before
+
+
 # -- the environment's rules, on the same shapes without a job -----------------------------------------------
 
 def _node_tree(root: Path, lock: str | None) -> Path:
@@ -343,3 +629,137 @@ def test_the_package_under_test_found_in_a_share_is_outside_the_tree(tmp_path):
     assert len(risks) == 1 and stale in risks[0]
     py = f"PROCTOR-PROBE {json.dumps({'p': {'origin': str(tree / 'node_modules/p/__init__.py')}})}".encode()
     assert environment.judge(jenv, "python", py)[0]
+
+
+# -- the repo's Python environment, found as its manager finds it (no manager is run) -------------------------
+
+def fake_venv(where: Path, base: Path | None = None) -> Path:
+    """A venv's marks (bin/python, pyvenv.cfg naming the Python it was made from), not a working venv."""
+    (where / "bin").mkdir(parents=True)
+    (where / "bin" / "python").symlink_to(os.path.realpath(sys.executable))
+    (where / "pyvenv.cfg").write_text(f"home = {base or Path(os.path.realpath(sys.executable)).parent}\n")
+    return where
+
+
+def project(root: Path, pyproject: str, *files: str) -> Path:
+    root.mkdir(parents=True)
+    (root / "pyproject.toml").write_text(pyproject)
+    for f in files:
+        (root / f).write_text("")
+    return root
+
+
+def test_the_managers_names_for_a_project_dir_are_the_tools_own():
+    """Known answers from the tools themselves (poetry 2.5.1 `poetry env use`, hatch 1.18.2 `hatch env
+    find`), for these exact paths: the hash is of the project dir's path, so only a fixed path can be checked."""
+    assert environment.poetry_env_name("My.Demo_proj", Path("/tmp/eco24/pp/My.Demo_proj")) == "my-demo-proj-oYsyJL5u"
+    home = Path("/tmp/eco24/fakehome")
+    assert environment.hatch_env_path(home / ".local/share/hatch/env/virtual", "Hatch_Demo.x",
+                                      Path("/tmp/eco24/hp/Hatch_Demo.x"), home) == \
+        home / ".local/share/hatch/env/virtual/hatch-demo-x/yCCWMTxl/hatch-demo-x"
+    # Beside them, what differs: another dir, another name.
+    assert environment.poetry_env_name("My.Demo_proj", Path("/tmp/eco24/pp/other")) != "my-demo-proj-oYsyJL5u"
+
+
+def test_python_env_per_manager(tmp_path):
+    home = tmp_path / "home"
+    # uv: the in-project .venv, and the switches that keep `uv run` on it
+    uv = project(tmp_path / "uv", '[project]\nname = "a"\n', "uv.lock")
+    fake_venv(uv / ".venv")
+    found, why = environment.python_env(uv, {}, home)
+    assert found and found.manager == "uv" and found.venv == uv / ".venv" and why is None
+    assert dict(found.env)["UV_PROJECT_ENVIRONMENT"] == str(uv / ".venv") and dict(found.env)["UV_NO_SYNC"] == "1"
+    # ... or where UV_PROJECT_ENVIRONMENT says (relative to the project)
+    fake_venv(uv / "envs" / "dev")
+    found, _ = environment.python_env(uv, {"UV_PROJECT_ENVIRONMENT": "envs/dev"}, home)
+    assert found.venv == uv / "envs" / "dev"
+    # poetry: in-project first; with in-project = false (poetry.toml), the cache venv envs.toml names
+    po = project(tmp_path / "po", '[tool.poetry]\nname = "My_Pkg"\n', "poetry.lock")
+    fake_venv(po / ".venv")
+    assert environment.python_env(po, {}, home)[0].venv == po / ".venv"
+    (po / "poetry.toml").write_text("[virtualenvs]\nin-project = false\n")
+    venvs = home / ".cache" / "pypoetry" / "virtualenvs"
+    base = environment.poetry_env_name("My_Pkg", po)
+    fake_venv(venvs / f"{base}-py3.10")
+    fake_venv(venvs / f"{base}-py3.11")
+    found, why = environment.python_env(po, {}, home)  # two, and nothing to say which: neither
+    assert "envs.toml names none" in why, why
+    assert found.manager is None and found.venv == po / ".venv"  # the plain .venv, the risk saying why
+    shutil.rmtree(po / ".venv")
+    assert environment.python_env(po, {}, home)[0] is None
+    (venvs / "envs.toml").write_text(f'[{base}]\nminor = "3.11"\npatch = "3.11.7"\n')
+    assert environment.python_env(po, {}, home)[0].venv == venvs / f"{base}-py3.11"
+    # pdm: the interpreter `pdm use` recorded
+    pd = project(tmp_path / "pd", '[project]\nname = "p"\n', "pdm.lock")
+    elsewhere = fake_venv(tmp_path / "pdm-venv")
+    (pd / ".pdm-python").write_text(f"{elsewhere}/bin/python\n")
+    found, _ = environment.python_env(pd, {}, home)
+    assert found.venv == elsewhere and dict(found.env)["PDM_PYTHON"] == str(elsewhere / "bin" / "python")
+    # hatch: the default environment's venv under hatch's data dir
+    ha = project(tmp_path / "ha", '[project]\nname = "H"\n[tool.hatch.envs.default]\ndependencies = []\n')
+    target = environment.hatch_env_path(home / ".local/share/hatch/env/virtual", "H", ha, home)
+    assert environment.python_env(ha, {}, home)[0] is None
+    fake_venv(target)
+    assert environment.python_env(ha, {}, home)[0].venv == target
+    # No manager: a plain .venv; a hatchling build backend alone names none
+    plain = project(tmp_path / "plain", '[build-system]\nbuild-backend = "hatchling.build"\n')
+    assert environment.python_env(plain, {}, home) == (None, None)
+    fake_venv(plain / ".venv")
+    found, why = environment.python_env(plain, {}, home)
+    assert found.manager is None and found.venv == plain / ".venv" and why is None
+
+
+def test_a_venv_outside_the_checkout_is_shown_to_the_sandbox(tmp_path):
+    """prepare() names a venv outside the main checkout (poetry's, hatch's) and the Python it was made from
+    among the read-only roots: the sandbox hides the user's home and /tmp otherwise."""
+    main = project(tmp_path / "main", '[tool.poetry]\nname = "m"\n', "poetry.lock", "m.py")
+    tree = project(tmp_path / "tree", '[tool.poetry]\nname = "m"\n', "poetry.lock", "m.py")
+    venvs = tmp_path / "venvs"
+    python = tmp_path / "home" / ".pyenv" / "versions" / "3.11.7"  # a Python installed under the hidden home
+    (python / "bin").mkdir(parents=True)
+    venv = fake_venv(venvs / f"{environment.poetry_env_name('m', main)}-py3.11", python / "bin")
+    jenv = environment.prepare(tree, main, validate.detect(tree), tmp=tmp_path / "t",
+                               env={"HOME": str(tmp_path / "jobhome"), "PATH": "/usr/bin"},
+                               host={"HOME": str(tmp_path / "home"), "POETRY_VIRTUALENVS_PATH": str(venvs)})
+    assert jenv.python_env is not None and jenv.python_env.venv == venv
+    assert venv in jenv.readonly and python in jenv.readonly
+    assert jenv.env["VIRTUAL_ENV"] == str(venv) and jenv.env["PATH"].startswith(f"{venv / 'bin'}:")
+    assert jenv.risks == ()
+    # The lockfile rule: the tree's poetry.lock differs from the one the venv was installed for.
+    (tree / "poetry.lock").write_text("changed\n")
+    jenv = environment.prepare(tree, main, validate.detect(tree), tmp=tmp_path / "t",
+                               env={"HOME": str(tmp_path / "jobhome"), "PATH": "/usr/bin"},
+                               host={"HOME": str(tmp_path / "home"), "POETRY_VIRTUALENVS_PATH": str(venvs)})
+    assert len(jenv.risks) == 1 and "poetry.lock" in jenv.risks[0] and str(venv) in jenv.risks[0]
+
+
+def test_cargo_builds_where_cargo_builds_by_default(tmp_path):
+    tree, cargo_home = tmp_path / "tree", tmp_path / "cargo-home"
+    (tree / ".cargo").mkdir(parents=True)
+    cargo_home.mkdir()
+    (tree / "Cargo.toml").write_text('[package]\nname = "x"\nversion = "0.1.0"\n')
+    assert environment.cargo_target(tree, {}, cargo_home) is None  # cargo's own: the workspace's target/
+    # A target dir of the user's (a shared one, which validation cannot write) gives way to the checkout's.
+    assert environment.cargo_target(tree, {"CARGO_TARGET_DIR": "/var/tmp/shared"}, cargo_home) == tree / "target"
+    (cargo_home / "config.toml").write_text('[build]\ntarget-dir = "/var/tmp/shared"\n')
+    assert environment.cargo_target(tree, {}, cargo_home) == tree / "target"
+    # The repo's own setting is cargo's to apply (it beats CARGO_HOME's) while it stays in the checkout.
+    (tree / ".cargo" / "config.toml").write_text('[build]\ntarget-dir = "out/build"\n')
+    assert environment.cargo_target(tree, {}, cargo_home) is None
+    assert environment.cargo_target(tree, {"CARGO_TARGET_DIR": "/x"}, cargo_home) == tree / "out" / "build"
+    for outside in ("/var/tmp/shared", "../escape", "."):
+        (tree / ".cargo" / "config.toml").write_text(f'[build]\ntarget-dir = "{outside}"\n')
+        assert environment.cargo_target(tree, {}, cargo_home) == tree / "target", outside
+    jenv = environment.prepare(tree, tmp_path, validate.detect(tree), tmp=tmp_path / "t",
+                               env={"HOME": str(tmp_path / "jobhome"), "CARGO_HOME": str(cargo_home)})
+    assert jenv.env["CARGO_TARGET_DIR"] == str(tree / "target")
+    (tree / ".cargo" / "config.toml").unlink()
+    (cargo_home / "config.toml").unlink()
+    jenv = environment.prepare(tree, tmp_path, validate.detect(tree), tmp=tmp_path / "t",
+                               env={"HOME": str(tmp_path / "jobhome"), "CARGO_HOME": str(cargo_home)})
+    assert "CARGO_TARGET_DIR" not in jenv.env
+    # Setup before the agent runs in the agent's worktree, whose content is the job's diff: its build goes
+    # to the job's tmp.
+    shared, dirs = environment.setup_env(jenv, network=False)
+    target = Path(shared["CARGO_TARGET_DIR"])
+    assert target == tmp_path / "t" / "cargo-target" and target in dirs

@@ -15,21 +15,37 @@ Why (issue 12, measured on real projects): a src-layout package installed editab
 imported from the main checkout, so a breaking diff came back `completed`; `npm test` could never pass
 without the main checkout's `node_modules`, and `$HOME` was not writable. The rules:
 
-- Writable caches are the job's own: `HOME`, `XDG_CACHE_HOME`, `npm_config_cache`, `CARGO_TARGET_DIR`,
-  `GOCACHE` live under the job's private tmp. Toolchains found through `$HOME` (`~/.cargo`, `~/.rustup`,
-  `~/.pyenv`, `~/go`, `~/.local`) stay reachable, pinned to the real paths and read-only.
+- Writable caches are the job's own: `HOME`, `XDG_CACHE_HOME`, `npm_config_cache`, `GOCACHE` live under
+  the job's private tmp. Toolchains found through `$HOME` (`~/.cargo`, `~/.rustup`, `~/.pyenv`, `~/go`,
+  `~/.local`) stay reachable, pinned to the real paths and read-only.
+- Cargo builds where it builds by default, `<workspace>/target` inside the validated checkout (or the
+  repo's own `build.target-dir` there): a build script that writes into `target/` failed with the target
+  dir under the job's tmp (issue 24). The checkout is the host's own copy, its tree already taken
+  (proctor.job.landing) and pruned back to the job's commit after validation, so `target/` never lands.
+  Setup before the agent builds under the job's tmp: it runs in the agent's worktree, which is the diff.
 - Python: `PYTHONPATH` puts the validated tree's import root (`src/` or the root) first, ahead of any
   editable install (a `.pth` path or setuptools' finder, which sits after the path finder).
+- Python's environment is the one the repo's own manager made for the main checkout (python_env: `uv.lock`
+  -> uv, `poetry.lock` -> poetry, `pdm.lock` -> pdm, `hatch.toml` -> hatch, else a plain `.venv`), found
+  the way that tool finds it, without running it; used read-only (VIRTUAL_ENV, PATH, and the switches
+  that keep `uv run`/`poetry run`/`pdm run` on it, offline, never syncing). An outside tester needed
+  `share` and `validate = "uv run --frozen ..."` for a uv project: `uv run` built a venv of its own in
+  the checkout and went to the network (issue 24).
 - Shares (`node_modules`, `.venv`, ...) come from the main checkout, read-only (a bwrap bind, or a symlink
   that Landlock keeps read-only), and only when the lockfile is byte-identical between the validated tree
-  and the main checkout: dependencies installed for another lockfile would test something else.
+  and the main checkout: dependencies installed for another lockfile would test something else. The
+  repo's venv is held to the same rule: a lockfile that differs is a risk naming it.
 """
 
 from __future__ import annotations
 
 import ast
+import base64
+import glob
+import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import stat
@@ -84,6 +100,16 @@ class Share:
 
 
 @dataclass(frozen=True)
+class PythonEnv:
+    """The venv the repo's own environment manager made for the main checkout (python_env)."""
+
+    venv: Path
+    manager: str | None  # uv | poetry | pdm | hatch; None: a plain `.venv` of the main checkout
+    how: str  # how it was found, for the ledger ("in-project .venv", "poetry's cache venv", ...)
+    env: tuple[tuple[str, str], ...] = ()  # the manager's own switches: use this venv, offline, no sync
+
+
+@dataclass(frozen=True)
 class JobEnvironment:
     checkout: Path
     main_checkout: Path
@@ -98,6 +124,7 @@ class JobEnvironment:
     node_package: str | None = None
     setup: tuple[str, ...] = ()
     python: str | None = None  # the autodetected plan's interpreter (`python`/`python3`): the probe runs it too
+    python_env: PythonEnv | None = None  # the repo's venv, when one is used
 
     @property
     def ro_binds(self) -> tuple[tuple[Path, Path], ...]:
@@ -268,6 +295,193 @@ def node_package(checkout: Path) -> str | None:
     return name if isinstance(name, str) and name and len(name) < 215 else None
 
 
+# -- the repo's Python environment: found the way its manager finds it, without running the manager ------
+
+POETRY_UNSAFE = re.compile(r'[ $`!*@"\\\r\n\t]')  # what poetry's EnvManager.generate_env_name replaces with "_"
+
+
+def _canonical(name: str) -> str:
+    """A project name as poetry-core and hatchling normalise it (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _path_hash(path: Path) -> str:
+    """poetry's and hatch's key for a project dir: urlsafe base64 of its path's sha256, 8 characters."""
+    return base64.urlsafe_b64encode(hashlib.sha256(str(path).encode("utf-8")).digest()).decode()[:8]
+
+
+def _xdg(host: Mapping[str, str], var: str, home: Path, default: str) -> Path:
+    """An XDG base dir as platformdirs (poetry's, hatch's) finds it on Linux."""
+    return Path(host[var]) if os.path.isabs(host.get(var, "")) else home / default
+
+
+def _is_venv(p: Path) -> bool:
+    return (p / "bin" / "python").exists()  # what the tools look for (a conda env has no pyvenv.cfg)
+
+
+def _table(data: object, *keys: str) -> dict:
+    for k in keys:
+        data = data.get(k) if isinstance(data, dict) else None
+    return data if isinstance(data, dict) else {}
+
+
+def _under(base: Path, raw: object) -> Path | None:
+    """A configured path: absolute as is, else relative to `base`; None for anything but a non-empty str."""
+    if not isinstance(raw, str) or not raw.strip():
+        return None
+    return Path(raw) if os.path.isabs(raw) else base / raw
+
+
+def _manager(main: Path, py: dict) -> tuple[str, str] | None:
+    """(manager, what in the main checkout says so): the lockfile each tool writes first, then its own
+    config (a library may leave poetry.lock uncommitted; the developer's checkout has it all the same).
+    A build backend alone says nothing: hatchling and poetry-core build projects uv manages."""
+    for manager, name in (("uv", "uv.lock"), ("poetry", "poetry.lock"), ("pdm", "pdm.lock"),
+                          ("pdm", ".pdm-python"), ("hatch", "hatch.toml")):
+        if (main / name).is_file():
+            return manager, name
+    if isinstance(_table(py, "tool").get("poetry"), dict):
+        return "poetry", "[tool.poetry] in pyproject.toml"
+    if _table(py, "tool", "hatch", "envs"):
+        return "hatch", "[tool.hatch.envs] in pyproject.toml"
+    return None
+
+
+def _uv_venv(main: Path, py: dict, host: Mapping[str, str], home: Path) -> list[tuple[Path, str]]:
+    given = _under(main, host.get("UV_PROJECT_ENVIRONMENT"))
+    return [(given, "UV_PROJECT_ENVIRONMENT")] if given else [(main / ".venv", "in-project .venv")]
+
+
+def poetry_env_name(name: str, project: Path) -> str:
+    """poetry's EnvManager.generate_env_name: the project's name, then a hash of its dir (its venvs add
+    `-py<X.Y>`). Checked against poetry 2.5.1 (tests/test_ecosystems.py)."""
+    where = Path(os.path.normcase(os.path.realpath(project)))
+    return f"{POETRY_UNSAFE.sub('_', _canonical(name))[:42]}-{_path_hash(where)}"
+
+
+def hatch_env_path(data: Path, name: str, project: Path, home: Path, env_name: str = "default") -> Path:
+    """hatch's VirtualEnvironment path for `env_name` of the project at `project`, its venvs under `data`
+    (`<data>/<name>/<hash of the project dir>/<venv>`, flat when `data` is inside the project or is
+    ~/.virtualenvs). Checked against hatch 1.18.2 (tests/test_ecosystems.py)."""
+    name = _canonical(name)
+    venv = name if env_name == "default" else env_name
+    if Path(os.path.realpath(project)) in Path(os.path.realpath(data)).parents or data == home / ".virtualenvs":
+        return data / venv
+    return data / name / _path_hash(project) / venv
+
+
+def _poetry_venv(main: Path, py: dict, host: Mapping[str, str], home: Path) -> list[tuple[Path, str]]:
+    """In-project `.venv` (unless virtualenvs.in-project is false), then `{virtualenvs.path}/<name>-<hash>-
+    py<X.Y>`: poetry's EnvManager.get, its settings read from the environment, the project's poetry.toml
+    and the user's config.toml, in that order."""
+    config_dir = Path(host.get("POETRY_CONFIG_DIR") or _xdg(host, "XDG_CONFIG_HOME", home, ".config") / "pypoetry")
+    files = [_toml(read_capped(main / "poetry.toml")), _toml(read_capped(config_dir / "config.toml"))]
+
+    def setting(var: str, *keys: str) -> object:
+        if var in host:
+            return host[var]
+        for f in files:
+            table = _table(f, *keys[:-1]) if len(keys) > 1 else f
+            if keys[-1] in table:
+                return table[keys[-1]]
+        return None
+
+    out: list[tuple[Path, str]] = []
+    in_project = setting("POETRY_VIRTUALENVS_IN_PROJECT", "virtualenvs", "in-project")
+    if str(in_project).lower() not in ("false", "0"):
+        out.append((main / ".venv", "in-project .venv"))
+    name = _table(py, "tool", "poetry").get("name") or _table(py, "project").get("name")
+    if not isinstance(name, str) or not name:
+        return out
+    cache = setting("POETRY_CACHE_DIR", "cache-dir")
+    if not isinstance(cache, str) or not cache:
+        cache = str(_xdg(host, "XDG_CACHE_HOME", home, ".cache") / "pypoetry")
+    where = setting("POETRY_VIRTUALENVS_PATH", "virtualenvs", "path")
+    where = (where if isinstance(where, str) and where else "{cache-dir}/virtualenvs").replace("{cache-dir}", cache)
+    venvs = Path(str(home) + where[1:] if where.startswith("~/") else where)
+    base = poetry_env_name(name, main)
+    # Which Python: the one `poetry env use` recorded in envs.toml, else the only one there is.
+    minor = _table(_toml(read_capped(venvs / "envs.toml")), base).get("minor")
+    found = sorted(venvs.glob(f"{glob.escape(base)}-py*")) if venvs.is_dir() else []
+    if isinstance(minor, str):
+        out.append((venvs / f"{base}-py{minor}", "poetry's venv (envs.toml)"))
+    elif len(found) == 1:
+        out.append((found[0], "poetry's venv"))
+    elif found:
+        which = f"one of poetry's {len(found)} venvs for it (envs.toml names none)"
+        out.append((venvs / f"{base}-py?", which))
+    else:
+        out.append((venvs / f"{base}-py*", "poetry's venv"))  # none: named, so the risk says where
+    return out
+
+
+def _pdm_venv(main: Path, py: dict, host: Mapping[str, str], home: Path) -> list[tuple[Path, str]]:
+    """The interpreter `pdm use` recorded in `.pdm-python` (its venv), then the in-project `.venv`."""
+    out = []
+    recorded = (read_capped(main / ".pdm-python", 4096) or b"").decode("utf-8", "replace").strip()
+    if recorded and os.path.isabs(recorded):
+        out.append((Path(recorded).parent.parent, ".pdm-python"))
+    return [*out, (main / ".venv", "in-project .venv")]
+
+
+def _hatch_venv(main: Path, py: dict, host: Mapping[str, str], home: Path) -> list[tuple[Path, str]]:
+    """The default environment's venv: its `path` (hatch.toml, then pyproject's [tool.hatch]), else
+    `<data>/env/virtual/<name>/<hash of the project dir>/<name>` (hatch's VirtualEnvironment)."""
+    conf = _toml(read_capped(main / "hatch.toml"))
+    given = (host.get("HATCH_ENV_TYPE_VIRTUAL_PATH") or _table(conf, "envs", "default").get("path")
+             or _table(py, "tool", "hatch", "envs", "default").get("path"))
+    if _under(main, given):
+        return [(_under(main, given), "the default environment's path")]
+    name = _table(py, "project").get("name")
+    if not isinstance(name, str) or not name:
+        return []
+    config = _toml(read_capped(_xdg(host, "XDG_CONFIG_HOME", home, ".config") / "hatch" / "config.toml"))
+    data = _under(main, _table(config, "dirs", "env").get("virtual"))
+    if data is None:
+        root = Path(host.get("HATCH_DATA_DIR") or _xdg(host, "XDG_DATA_HOME", home, ".local/share") / "hatch")
+        data = root / "env" / "virtual"
+    return [(hatch_env_path(data, name, main, home), "hatch's default environment")]
+
+
+VENV_FINDERS = {"uv": _uv_venv, "poetry": _poetry_venv, "pdm": _pdm_venv, "hatch": _hatch_venv}
+
+
+def _manager_switches(manager: str, venv: Path) -> tuple[tuple[str, str], ...]:
+    """What keeps the manager's own `run` on this venv, offline and never syncing: `uv run` made a venv of
+    its own in the checkout and went to the network (issue 24); poetry uses an active venv; pdm the
+    interpreter it is given."""
+    if manager == "uv":
+        return (("UV_PROJECT_ENVIRONMENT", str(venv)), ("UV_NO_SYNC", "1"), ("UV_FROZEN", "1"), ("UV_OFFLINE", "1"),
+                ("UV_PYTHON_DOWNLOADS", "never"))
+    if manager == "poetry":
+        return (("POETRY_VIRTUALENVS_CREATE", "false"),)
+    if manager == "pdm":
+        return (("PDM_PYTHON", str(venv / "bin" / "python")), ("PDM_CHECK_UPDATE", "false"))
+    return ()
+
+
+def python_env(main: Path, host: Mapping[str, str], home: Path) -> tuple[PythonEnv | None, str | None]:
+    """The venv the repo's own manager made for the main checkout, as that tool would find it (read from
+    files, never by running the tool), or a plain `.venv` there; (None, why) when the repo names a manager
+    whose venv is not there. `host` is the user's environment (the tools' settings), `home` the user's."""
+    py = _toml(read_capped(main / "pyproject.toml"))
+    said = _manager(main, py)
+    if said is not None:
+        manager, because = said
+        tried = VENV_FINDERS[manager](main, py, host, home)
+        for venv, how in tried:
+            if _is_venv(venv):
+                return PythonEnv(venv, manager, f"{manager} ({because}): {how}", _manager_switches(manager, venv)), None
+        looked = "; ".join(f"{how} {venv}" for venv, how in tried) or "its project has no name to find it by"
+        why = (f"the repo uses {manager} ({because}) but its venv for the main checkout was not found "
+               f"(looked for {looked})")
+    else:
+        why = None
+    if _is_venv(main / ".venv"):
+        return PythonEnv(main / ".venv", None, "the main checkout's .venv"), why
+    return None, why
+
+
 def _same(a: Path, b: Path, name: str) -> bool | None:
     """True identical, False different, None absent on both sides."""
     x, y = read_capped(a / name, 64 * MAX_READ), read_capped(b / name, 64 * MAX_READ)
@@ -336,15 +550,60 @@ def _dir_beneath(root: Path, rel: str) -> bool:
 
 # -- prepare ---------------------------------------------------------------------------------------------
 
+def _target_dir_setting(config_dir: Path) -> str | None:
+    for name in ("config.toml", "config"):
+        raw = _table(_toml(read_capped(config_dir / name)), "build").get("target-dir")
+        if isinstance(raw, str) and raw.strip():
+            return raw
+    return None
+
+
+def cargo_target(checkout: Path, env: Mapping[str, str], cargo_home: Path) -> Path | None:
+    """The CARGO_TARGET_DIR validation sets, or None: cargo's own choice, `<workspace>/target` wherever the
+    workspace is in the checkout (a build script that writes there found no `target/` with the target dir
+    under the job's tmp, issue 24), or the repo's `build.target-dir` inside it. Set only over a target dir
+    validation cannot write: the repo's pointing outside the checkout, or the user's (CARGO_TARGET_DIR
+    passed in, `build.target-dir` in CARGO_HOME's config: a shared dir, read-only or hidden to the job)."""
+    raw = _target_dir_setting(checkout / ".cargo")
+    if raw is not None:
+        own = Path(os.path.normpath(checkout / raw))  # relative to the dir holding .cargo/
+        if own == checkout or not own.is_relative_to(checkout):
+            return checkout / "target"
+        return own if "CARGO_TARGET_DIR" in env else None
+    if "CARGO_TARGET_DIR" in env or _target_dir_setting(cargo_home) is not None:
+        return checkout / "target"
+    return None
+
+
+def _venv_roots(venv: Path, main: Path) -> list[Path]:
+    """What a venv outside the main checkout needs visible (read-only) in the sandbox, where the user's
+    home is hidden: the venv (poetry's and hatch's live under ~/.cache and ~/.local/share) and the Python
+    it was made from (`home` in its pyvenv.cfg: a pyenv or uv-managed install)."""
+    out = [] if venv.resolve().is_relative_to(main) else [venv]
+    cfg = (read_capped(venv / "pyvenv.cfg", 65536) or b"").decode("utf-8", "replace")
+    for line in cfg.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "home" and os.path.isabs(value.strip()):
+            bindir = Path(os.path.realpath(value.strip()))
+            prefix = bindir.parent if bindir.name == "bin" else bindir
+            if prefix != Path("/") and prefix.parts[1:2] not in (("usr",), ("bin",), ("opt",)):
+                out.append(prefix)
+    return out
+
+
+
 def prepare(checkout: Path, main_checkout: Path, plan: validate.Plan, base_config: RepoSettings | None = None,
-            *, tmp: Path, env: Mapping[str, str] | None = None, bind: bool = True) -> JobEnvironment:
+            *, tmp: Path, env: Mapping[str, str] | None = None, bind: bool = True,
+            host: Mapping[str, str] | None = None) -> JobEnvironment:
     """What validation of `checkout` (a tree the host made) needs, mirroring `main_checkout` (the user's).
 
     `tmp` is the job's private, writable dir for this run; `env` the environment validation would get
-    otherwise (the agent's: the user's PATH and HOME); `bind`: shares as bind mounts (bwrap) rather than
-    symlinks. Reads the checkout's files only as capped regular files; creates nothing (apply() does)."""
+    otherwise (the agent's: the user's PATH, the job's HOME); `bind`: shares as bind mounts (bwrap) rather
+    than symlinks; `host` the user's own environment (default: this process's), where the repo's tools
+    put their venvs. Reads the checkout's files only as capped regular files; creates nothing (apply() does)."""
     cfg = base_config or RepoSettings()
     env = dict(env or os.environ)
+    host = os.environ if host is None else host
     checkout, main = Path(checkout), Path(main_checkout).resolve()
     risks: list[str] = []
     extra: dict[str, str] = {}
@@ -368,13 +627,16 @@ def prepare(checkout: Path, main_checkout: Path, plan: validate.Plan, base_confi
     extra["npm_config_update_notifier"] = "false"
     extra["npm_config_fund"] = "false"
     extra["npm_config_audit"] = "false"
-    extra["CARGO_TARGET_DIR"] = str(tmp / "cargo-target")
+    cargo_home = Path(env.get("CARGO_HOME") or Path(host.get("HOME") or Path.home()) / ".cargo")
+    target = cargo_target(checkout, env, cargo_home)
+    if target is not None:
+        extra["CARGO_TARGET_DIR"] = str(target)
     extra["CARGO_NET_OFFLINE"] = "true"  # fail at once, not after a resolver's timeout
     extra["GOCACHE"] = str(tmp / "go-build")
     extra["GOPROXY"] = "off"  # the module cache is read-only and the network is off: fail at once
     extra["GOTOOLCHAIN"] = env.get("GOTOOLCHAIN", "local")
     extra["PIP_NO_INDEX"] = "1"
-    dirs += [tmp / "npm-cache", tmp / "cargo-target", tmp / "go-build"]
+    dirs += [tmp / "npm-cache", tmp / "go-build"]
     if "GOMODCACHE" not in env:
         gm = Path(env.get("GOPATH") or str(real_home / "go")) / "pkg" / "mod"
         if gm.is_dir():
@@ -383,6 +645,7 @@ def prepare(checkout: Path, main_checkout: Path, plan: validate.Plan, base_confi
 
     # Python: the validated tree's import root first.
     root, pkgs = python_layout(checkout)
+    penv: PythonEnv | None = None
     if root is not None:
         prior = env.get("PYTHONPATH", "")
         extra["PYTHONPATH"] = os.pathsep.join(x for x in (str(root), prior) if x)
@@ -390,11 +653,31 @@ def prepare(checkout: Path, main_checkout: Path, plan: validate.Plan, base_confi
         extra["PYTHONNOUSERSITE"] = env.get("PYTHONNOUSERSITE", "")
         if not extra["PYTHONNOUSERSITE"]:
             del extra["PYTHONNOUSERSITE"]
-        venv = main / ".venv"
-        if "VIRTUAL_ENV" not in env and (venv / "bin" / "python").exists() and not (checkout / ".venv").exists():
-            # The repo's own venv, not active: use it as the developer would (its interpreter, read-only).
-            extra["VIRTUAL_ENV"] = str(venv)
-            extra["PATH"] = os.pathsep.join(x for x in (str(venv / "bin"), env.get("PATH", "")) if x)
+        penv, why = python_env(main, host, Path(host.get("HOME") or str(Path.home())))
+        if penv is not None and penv.manager is None and "VIRTUAL_ENV" in env:
+            penv = None  # a plain .venv of the main checkout gives way to a venv the caller made active
+        if penv is not None and os.path.lexists(checkout / ".venv"):
+            if penv.manager is not None:
+                risks.append(f"{penv.manager}'s venv {penv.venv} not used: the job's tree has its own .venv")
+            penv = None
+        if why:
+            risks.append(f"{why}: validation ran with " + (f"the main checkout's {penv.venv.name}" if penv
+                                                           else "the interpreter on PATH"))
+        if penv is not None:
+            # The repo's own venv, used as the developer would (its interpreter, read-only): `python` on PATH
+            # is its python, and the manager's own `run` stays on it.
+            extra["VIRTUAL_ENV"] = str(penv.venv)
+            extra["PATH"] = os.pathsep.join(x for x in (str(penv.venv / "bin"), env.get("PATH", "")) if x)
+            extra.update(penv.env)
+            readonly += [p for p in _venv_roots(penv.venv, main)
+                         if not any(p == r or p.is_relative_to(r) for r in readonly)]  # ~/.pyenv: there already
+            # Installed for the main checkout's lockfile: for another, the verdict would rest on dependencies
+            # this tree does not declare (the LOCKFILES rule that holds for a share).
+            _, differ = _unchanged(checkout, main, LOCKFILES[".venv"])
+            if differ:
+                risks.append(f"the venv {penv.venv} was installed for the main checkout's {', '.join(differ)}, "
+                             "which the validated tree changed: validation ran with dependencies that may not be "
+                             "this tree's")
     npkg = node_package(checkout)
 
     # Shares: configured, else autodetected (dirs the main checkout has that the tree lacks).
@@ -439,24 +722,34 @@ def prepare(checkout: Path, main_checkout: Path, plan: validate.Plan, base_confi
                           copies=tuple(copies), dirs=tuple(dirs), readonly=tuple(readonly), risks=tuple(risks),
                           python_packages=pkgs, node_package=npkg, setup=cfg.setup,
                           python=next((st.argv[0] for st in plan.steps if st.argv
-                                       and Path(st.argv[0]).name.startswith("python")), None))
+                                       and Path(st.argv[0]).name.startswith("python")), None),
+                          python_env=penv if root is not None else None)
 
 
 # Validation's own: its private HOME (before the agent, HOME stays the agent's, so what setup installs there
 # the agent finds), and the switches that tell tools the network is off (a setup with `registries` has one).
 NOT_BEFORE_THE_AGENT = frozenset({"HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"})
-OFFLINE = {"PIP_NO_INDEX": "1", "CARGO_NET_OFFLINE": "true", "GOPROXY": "off"}
+OFFLINE = {"PIP_NO_INDEX": "1", "CARGO_NET_OFFLINE": "true", "GOPROXY": "off", "UV_OFFLINE": "1"}
+# With a network, setup may install (`uv sync`): into a venv of its own, never the main checkout's, which
+# is read-only to it; these keep a manager on that venv and from installing, so they go too.
+INSTALLS = frozenset({"UV_PROJECT_ENVIRONMENT", "UV_NO_SYNC", "UV_FROZEN", "POETRY_VIRTUALENVS_CREATE"})
 
 
 def setup_env(jenv: JobEnvironment, *, network: bool) -> tuple[dict[str, str], tuple[Path, ...]]:
     """The variables the repo's setup gets before the agent, and the dirs they name: validation's own
     (PATH with the repo's `.venv/bin`, VIRTUAL_ENV, the tools' caches and settings), so a command runs the
     same before the agent as before validation (issue 24: `tox: not found` before the agent, found after),
-    but for HOME and, with a network, the offline switches."""
+    but for HOME, with a network the offline switches, and cargo's target dir: setup runs in the agent's
+    worktree, whose content is the job's diff, so its build goes to the job's tmp (validation's builds in
+    a checkout of its own, already taken)."""
     out = {k: v for k, v in jenv.env.items() if k not in NOT_BEFORE_THE_AGENT
-           and not (network and OFFLINE.get(k) == v)}
+           and not (network and (OFFLINE.get(k) == v or k in INSTALLS))}
     home = jenv.env.get("HOME")
     dirs = tuple(d for d in jenv.dirs if not (home and (d == Path(home) or Path(home) in d.parents)))
+    if home:
+        target = Path(home).parent / "cargo-target"  # home is <the run's tmp>/home (prepare)
+        out["CARGO_TARGET_DIR"] = str(target)
+        dirs = (*dirs, target)
     return out, dirs
 
 
@@ -642,7 +935,10 @@ def check(jenv: JobEnvironment, env: Mapping[str, str], probe: Probe) -> tuple[l
 
 def describe(jenv: JobEnvironment) -> dict:
     """For the ledger: what the environment was (never secrets' contents)."""
+    penv = jenv.python_env
     return {"shares": [f"{s.source} -> {s.target}" for s in jenv.shares], "bind": jenv.bind,
             "copies": [str(d) for _, d in jenv.copies], "python_packages": list(jenv.python_packages),
             "node_package": jenv.node_package, "setup": [shlex.quote(c) for c in jenv.setup],
-            "env": sorted(jenv.env)}
+            "env": sorted(jenv.env),
+            "python_env": {"venv": str(penv.venv), "manager": penv.manager, "found": penv.how} if penv else None,
+            "cargo_target": jenv.env.get("CARGO_TARGET_DIR") or "cargo's default (the workspace's target/)"}
