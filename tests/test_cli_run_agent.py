@@ -183,11 +183,9 @@ def _start(*args: str) -> subprocess.Popen:
     return subprocess.Popen([PROCTOR, "run-agent", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _cancelled(p: subprocess.Popen, sig: signal.Signals, home: Path) -> tuple[dict, str, float]:
-    t0 = time.monotonic()
+def _cancelled(p: subprocess.Popen, sig: signal.Signals, home: Path) -> tuple[dict, str]:
     p.send_signal(sig)
-    stdout, err = p.communicate(timeout=60)
-    took = time.monotonic() - t0
+    stdout, err = p.communicate(timeout=120)  # a bound for a broken run only; the agent would sleep 300 s
     assert p.returncode == 130, (p.returncode, stdout, err)
     out = json.loads(stdout)
     assert out["status"] == "failed" and out["code"] == "CANCELLED", out
@@ -197,7 +195,7 @@ def _cancelled(p: subprocess.Popen, sig: signal.Signals, home: Path) -> tuple[di
     assert end["status"] == "failed" and end["code"] == "CANCELLED", end
     jobs = subprocess.run([PROCTOR, "jobs", "--json"], check=False, capture_output=True, text=True, timeout=60)
     assert "interrupted" not in jobs.stdout, jobs.stdout
-    return out, err, took
+    return out, err
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -208,10 +206,11 @@ def test_a_signal_while_the_agent_runs_cancels_kills_its_tree_and_exits_130(repo
     _until(lambda: agent.calls() and _pid(daemon), "the agent and its setsid grandchild started")
     pids = [agent.calls()[0]["pid"], _pid(daemon)]
     assert all(_alive(pid) for pid in pids)  # control: the check sees them alive
-    out, _, took = _cancelled(p, sig, proctor_home)
+    out, _ = _cancelled(p, sig, proctor_home)
+    # CANCELLED (in _cancelled) with its 300 s agent and the daemon dead: the signal ended the run.
     assert not [pid for pid in pids if _alive(pid)], "a process of the agent's tree survived"
     assert any(f"cancelled: {sig.name} received" in r and "process tree was killed" in r for r in out["known_risks"])
-    assert out["attempts"] == 1 and out["tests_attempted"] == [] and took < 30
+    assert out["attempts"] == 1 and out["tests_attempted"] == []
 
 
 def test_a_signal_before_the_agent_launched_launches_nothing(repo, tmp_path, proctor_home):
@@ -226,7 +225,7 @@ def test_a_signal_before_the_agent_launched_launches_nothing(repo, tmp_path, pro
     p = _start("--agent", "slow", "--task", "t", "--repo", str(repo), "--ticket", "T", "--config", str(cfg))
     _until(lambda: _pid(started), "the version probe started")
     probe = _pid(started)
-    out, _, _ = _cancelled(p, signal.SIGINT, proctor_home)
+    out, _ = _cancelled(p, signal.SIGINT, proctor_home)
     assert not launched.exists(), "the agent launched after the signal"
     assert any("nothing was launched" in r for r in out["known_risks"]), out["known_risks"]
     assert not _alive(probe)
@@ -240,7 +239,7 @@ def test_a_signal_during_validation_cancels_it_and_kills_its_tree(repo, fake, tm
     _until(lambda: _pid(shell) and _pid(child), "validation and its child started")
     pids = [_pid(shell), _pid(child)]
     assert all(_alive(pid) for pid in pids)
-    out, _, _ = _cancelled(p, signal.SIGTERM, proctor_home)
+    out, _ = _cancelled(p, signal.SIGTERM, proctor_home)
     assert not [pid for pid in pids if _alive(pid)], "a process of validation's tree survived"
     assert any("validation cancelled: SIGTERM received" in r for r in out["known_risks"]), out["known_risks"]
     assert out["agent_changed_files"] == ["a"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import wait_until
 
 from proctor.ledger import Ledger
 from proctor.commands import (
@@ -103,19 +104,23 @@ def test_a_dry_run_runs_nothing_and_the_same_request_runs_for_real(tools, projec
 
 
 def test_a_timeout_kills_the_group_and_writes_are_still_checked(tools, project, policy_file, home) -> None:
-    start = time.monotonic()
     with pytest.raises(UndeclaredWritesError) as info:
         run(tools, project, policy_file, "sleep", "60", expected_writes=["child.pid"])
     result = info.value.result
+    # Timed out (the policy's 1 s, not the 60 s asked): ended by the deadline; how soon is not asserted.
     assert result.timed_out and result.ran and result.exit != 0
     assert result.undeclared_writes == ["before.txt"]
-    assert time.monotonic() - start < 10
     # The pid it wrote is the one it saw: in bwrap's pid namespace (every run hides $PROCTOR_HOME in one)
     # that is not a host pid, so the child is looked for by what it runs.
     assert int((project / "child.pid").read_text()) > 0
-    alive = [p for p in psutil.process_iter(["cmdline", "status"])
-             if "time.sleep(120)" in " ".join(p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE]
-    assert alive == []
+    def alive() -> list[psutil.Process]:
+        return [p for p in psutil.process_iter(["cmdline", "status"])
+                if "time.sleep(120)" in " ".join(p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE]
+
+    # A pid namespace's members die with it, but the kernel's teardown is asynchronous: one can still be
+    # on its way out (SIGKILL pending) as the run returns on a loaded machine. One that was never killed
+    # sleeps 120 s, past this bound.
+    wait_until(lambda: not alive(), 60, "the timed-out command's child to be gone")
     # With every write declared, a timeout is a result (TIMED_OUT), not an error; timeout_cap lowers it.
     for name in ("child.pid", "before.txt"):
         (project / name).unlink()

@@ -349,7 +349,6 @@ def test_the_guard_turns_every_failure_of_the_hook_into_exit_2(script, says):
 
 def test_the_hook_client_gives_up_on_a_gate_that_never_answers(tmp_path):
     import socket
-    import time
 
     client = Path(__file__).resolve().parents[1] / "src" / "proctor" / "hook_client.py"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as srv:
@@ -357,11 +356,11 @@ def test_the_hook_client_gives_up_on_a_gate_that_never_answers(tmp_path):
         srv.listen(1)  # accepts (the kernel does), never answers
         code = (f"import sys; sys.path.insert(0, {str(client.parent)!r}); import hook_client as h; "
                 f"h.DEADLINE_S = 0.5; sys.exit(h.main(sys.argv))")
-        t0 = time.monotonic()
+        # Its own deadline ends the wait: a TimeoutError it names, exit 2. A client that waited on would be
+        # ended by subprocess's timeout (TimeoutExpired here), a bound for a broken run only.
         p = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(tmp_path / "g.sock"), "gemini", "PreToolUse"],
-                           input=b'{"tool_name": "run_shell_command"}', capture_output=True, timeout=30)
+                           input=b'{"tool_name": "run_shell_command"}', capture_output=True, timeout=120)
     assert p.returncode == 2 and b"[proctor GATE_UNAVAILABLE] TimeoutError" in p.stderr, p.stderr
-    assert time.monotonic() - t0 < 10
 
 
 def test_gemini_stream_json_is_read_for_summary_claim_and_backend():

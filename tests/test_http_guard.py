@@ -85,7 +85,7 @@ def raise_nofile(want: int) -> None:
 # -- raw HTTP ------------------------------------------------------------------------------------------------
 
 
-def read_until_closed(sock: socket.socket, timeout_s: float = 10.0) -> bytes:
+def read_until_closed(sock: socket.socket, timeout_s: float = 30.0) -> bytes:
     """Everything the server sends until it closes the connection (an RST after its answer counts as a close)."""
     sock.settimeout(timeout_s)
     out = bytearray()
@@ -199,7 +199,7 @@ def start_server(root: Path, home: Path, limits: dict, allow: tuple[str, ...] = 
         raise AssertionError(f"the server did not start: {log.read_text()[-2000:]}")
     info = json.loads(line)
     served = Served(proc, info["port"], home, info["cap"], info["nofile"])
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60  # a bound for a broken start only
     while True:  # ready when a whole request is answered (and the connection closed: the cap counts it no more)
         try:
             if exchange(served.port, get(served.port), 5).status == 404:
@@ -407,15 +407,18 @@ def test_slowloris_starves_no_one_and_is_cut_off_at_the_deadlines(srv):
         started = time.monotonic()
         assert_accepted(srv)
         latencies.append(time.monotonic() - started)
+    # Starves no one: the legitimate client was answered while every stalled connection was still held
+    # open by the server and none of them had been answered. Its latency is printed, never asserted (issue
+    # 24: a test's clock is the machine's load).
     assert not sel.select(0), "a stalled connection was answered before the legitimate client was"
     held = srv.ps.num_fds() - fds_before
     print(f"{len(stalled)} stalled connections opened in {opened - stalled[0].connected_at:.2f} s, {held} held by "
           f"the server (its RLIMIT_NOFILE {srv.nofile}); legitimate client answered in "
           f"{max(latencies) * 1000:.1f} ms at worst (median {sorted(latencies)[2] * 1000:.1f} ms)")
     assert held >= len(stalled)
-    assert max(latencies) < 2.0
 
-    deadline = opened + LIMITS["header_timeout_s"] + LIMITS["body_timeout_s"] + 10
+    # A bound for a broken run only (the server cuts them at its 2 s deadlines); generous for a loaded machine.
+    deadline = opened + LIMITS["header_timeout_s"] + LIMITS["body_timeout_s"] + 120
     next_trickle = time.monotonic()
     open_ = len(stalled)
     while open_ and time.monotonic() < deadline:
@@ -455,6 +458,7 @@ def test_slowloris_starves_no_one_and_is_cut_off_at_the_deadlines(srv):
         waits.setdefault(conn.kind, []).append(conn.closed_at - conn.connected_at)
     for kind, got in waits.items():
         print(f"  {kind}: {len(got)} cut off with a 408 after {min(got):.2f}-{max(got):.2f} s")
+        # A lower bound, which load cannot break: cut at a deadline, not at once.
         assert min(got) >= min(LIMITS["header_timeout_s"], LIMITS["body_timeout_s"])
     assert srv.ps.num_fds() <= fds_before + 2  # every one of them released by the server
     assert_accepted(srv)
@@ -510,8 +514,9 @@ def test_an_idle_kept_alive_connection_is_closed_without_an_unasked_408(srv):
             problem(read_response(sock), 404, "UNKNOWN_JOB")
         started = time.monotonic()
         begun.sendall(request[:10])
-        problem(parse(read_until_closed(begun, LIMITS["header_timeout_s"] + 5)), 408, "REQUEST_TIMEOUT")
-        assert read_until_closed(idle, LIMITS["header_timeout_s"] + 5) == b""
+        # 60 s: a bound for a broken run only (the server closes both at its 2 s header deadline).
+        problem(parse(read_until_closed(begun, 60)), 408, "REQUEST_TIMEOUT")
+        assert read_until_closed(idle, 60) == b""
         print(f"idle kept-alive connection closed without a byte {time.monotonic() - started:.2f} s after its answer")
 
 
@@ -583,7 +588,7 @@ def test_proctor_serve_answers_its_allow_host_names_and_no_others(tmp_path, home
                             stdout=subprocess.DEVNULL, stderr=log.open("wb"))
     served = Served(proc, port, home, 0, 0)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60  # a bound for a broken start only
         while True:
             try:
                 if exchange(port, get(port), 5).status == 404:

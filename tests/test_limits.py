@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -41,30 +39,6 @@ def need_cgroup():
         pytest.skip("no writable cgroup with memory and pids controllers on this machine")
 
 
-class Heartbeat:
-    """A loop in the host timing itself while a job runs: its worst gap is the host's responsiveness."""
-
-    def __init__(self, step: float = 0.01) -> None:
-        self.step, self.worst, self._stop = step, 0.0, threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        last = time.monotonic()
-        while not self._stop.is_set():
-            time.sleep(self.step)
-            now = time.monotonic()
-            self.worst = max(self.worst, now - last - self.step)
-            last = now
-
-    def __enter__(self) -> Heartbeat:
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._t.join()
-
-
 def run(tmp_path: Path, code: str, limits: Limits = SMALL, deadline: float = 30, **kw):
     tmp = tmp_path / "tmp"
     tmp.mkdir(exist_ok=True)
@@ -86,12 +60,14 @@ print("allocated", len(chunks) * 8, "MiB", flush=True)
 
 # -- memory ---------------------------------------------------------------------------------------------
 
-def test_memory_limit_kills_the_job_and_the_host_stays_responsive(tmp_path, need_cgroup):
-    with Heartbeat() as hb:
-        ex = run(tmp_path, ALLOC.replace("int(sys.argv[1])", "64"))  # 512 MiB against 64 MiB
+# How soon a limit's kill lands and how the host fares meanwhile (its 10 ms loop, a CPU-bound loop against
+# an idle baseline) is measured by bench/limits.py; a test's clock would be the machine's load (issue 24).
+
+def test_memory_limit_kills_the_job(tmp_path, need_cgroup):
+    ex = run(tmp_path, ALLOC.replace("int(sys.argv[1])", "64"))  # 512 MiB against 64 MiB
     assert ex.killed_reason and ex.killed_reason.startswith("resource_limit: memory"), ex
     assert "oom_kill" in ex.killed_reason and b"allocated" not in ex.stdout
-    assert ex.duration_s < 10 and hb.worst < 0.5, (ex.duration_s, hb.worst)
+    assert not ex.timed_out, "ended by the limit, not by the 30 s deadline"
     assert any(s.startswith("memory 64 MiB") for s in ex.limits), ex.limits
 
 
@@ -117,11 +93,10 @@ for k in kids:
 
 
 def test_pids_limit_kills_a_fork_loop(tmp_path, need_cgroup):
-    with Heartbeat() as hb:
-        ex = run(tmp_path, FORK_LOOP.replace("int(N)", "400"))
+    ex = run(tmp_path, FORK_LOOP.replace("int(N)", "400"))
     assert ex.killed_reason and ex.killed_reason.startswith("resource_limit: pids limit 64"), ex
     assert "pids.events max" in ex.killed_reason and b"forked" not in ex.stdout
-    assert ex.duration_s < 10 and hb.worst < 0.5, (ex.duration_s, hb.worst)
+    assert not ex.timed_out, "ended by the limit, not by the 30 s deadline"
 
 
 def test_pids_control_a_few_children_complete(tmp_path, need_cgroup):
@@ -141,7 +116,8 @@ with open(path, "wb") as fh:
     for _ in range(mib):
         fh.write(b"x" * (1 << 20)); fh.flush(); os.fsync(fh.fileno())
     print("wrote", mib, flush=True)
-    time.sleep(3)   # a writer that stays: the watcher, not the exit, must end it
+    time.sleep(60)   # a writer that stays past the 30 s deadline: only the watcher can end it in time
+    print("slept", flush=True)
 """
 
 
@@ -150,11 +126,14 @@ def test_disk_limit_kills_a_job_writing_past_it(tmp_path, where):
     code = WRITE.replace("sys.argv[1], int(sys.argv[2])", f"{where!r}, 16")
     ex = run(tmp_path, code)
     assert ex.killed_reason and ex.killed_reason.startswith("resource_limit: disk limit 4 MiB"), ex
-    assert ex.duration_s < 3, ex.duration_s
+    # Killed while it ran (a signal, its sleep cut short, before the deadline): the watcher ended it, not a
+    # check after its exit.
+    assert not ex.timed_out and ex.exit_code is not None and ex.exit_code < 0, ex
+    assert b"slept" not in ex.stdout
 
 
 def test_disk_control_small_writes_and_a_sparse_file_complete(tmp_path):
-    code = WRITE.replace("sys.argv[1], int(sys.argv[2])", "'tmp', 1").replace("time.sleep(3)", "pass")
+    code = WRITE.replace("sys.argv[1], int(sys.argv[2])", "'tmp', 1").replace("time.sleep(60)", "pass")
     code += "\nf = open('sparse.bin', 'wb'); f.truncate(1 << 30); f.close()\n"  # 1 GiB apparent, ~0 allocated
     ex = run(tmp_path, code)
     assert ex.ok and b"wrote 1" in ex.stdout, ex

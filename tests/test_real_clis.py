@@ -548,7 +548,10 @@ def test_host_ends_real_offline_codex_timed_out(tmp_path, monkeypatch):
     assert res.attempts == 1 and res.exit_codes[0] not in (0, None), res.exit_codes
     assert res.claimed_status == "failed" and "Reconnecting" in res.summary, res.summary
     assert res.agent_version == VERSIONS["codex"], res.agent_version
-    assert 60 <= res.duration_seconds < 90, res.duration_seconds
+    # Ended by the clamped deadline: not before 60 s (the 1 s asked is clamped up). A lower bound only, which
+    # load can never break; how far past it the tree died is not asserted (a loaded machine's number): the
+    # TIMED_OUT code and no process left are the kill (issue 24).
+    assert res.duration_seconds >= 60, res.duration_seconds
     assert no_process_left_in(Path(res.worktree_path)) == []
     assert subprocess.run(["git", "status", "--porcelain"], cwd=res.worktree_path, capture_output=True,
                           text=True, check=True).stdout == ""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import sh
+from conftest import sh, wait_until
 from proctor import confine
 from proctor.ledger import Ledger
 from proctor.testing import Behaviour
@@ -262,10 +262,7 @@ def test_discard_then_gc_removes_an_abandoned_job_and_the_main_repo_stays_clean(
                              "--ticket", "T-8", "--validate-cmd", "true"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env=os.environ.copy())
     try:
-        deadline = time.monotonic() + 30
-        while len(agent.calls()) == before and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(agent.calls()) > before, "the agent never started"
+        wait_until(lambda: len(agent.calls()) > before, 120, "the agent to start")
         running = [j for j in out("jobs") if j["ticket"] == "T-8"][0]
         assert running["status"] == "running" and running["hostAlive"] is True
         assert out("discard", running["jobId"], check=1)["code"] == "JOB_RUNNING"

@@ -171,7 +171,10 @@ def test_claude_rejected_rate_limit_event_ends_the_run_early(repo, fake):
     ev = {"type": "rate_limit_event", "rate_limit_info": {"status": "rejected", "resetsAt": 1767225600}}
     agent = fake("claude", Behaviour(stdout=json.dumps(ev) + "\n", sleep=120))
     res = run_agent(req(repo))
-    assert res.status is Status.rate_limited and res.duration_seconds < 20, res
+    # Ended by the host on the event: killed by its TERM (-15) with two minutes of sleep left, not read from
+    # the output after the agent's own exit 0; the exit code and the risk say so, not a clock (issue 24).
+    assert res.status is Status.rate_limited and res.exit_codes == [-15], res
+    assert any("the host ended the run" in r for r in res.known_risks), res.known_risks
     assert res.retry_after == "1767225600" and len(agent.calls()) == 1
 
 

@@ -1,8 +1,11 @@
-"""The stop switch: a file under $PROCTOR_HOME that stops runs within 2 s, and its engage/release."""
+"""The stop switch: a file under $PROCTOR_HOME that stops runs, and its engage/release. How soon a run stops
+is measured by bench/stop.py (a CLI agent) and bench/stop_inprocess.py (these in-process adapters), never
+asserted here: a test's clock is the machine's load (issue 24)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -66,12 +69,16 @@ class Looping:
 
     name = "looping"
 
+    def __init__(self) -> None:
+        self.running = threading.Event()  # set at its first step: the run is under way
+
     def available(self) -> Availability:
         return Availability(available=True)
 
     def run(self, task: AgentTask, *, gate: Gate, usage: Usage, stop: Callable[[], str | None]) -> Iterator[Any]:
         while True:
             time.sleep(0.02)
+            self.running.set()
             yield StepEvent()
 
 
@@ -82,12 +89,15 @@ class SubprocessAgent:
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
+        self.running = threading.Event()  # set once its child runs
 
     def available(self) -> Availability:
         return Availability(available=True)
 
     def run(self, task: AgentTask, *, gate: Gate, usage: Usage, stop: Callable[[], str | None]) -> Iterator[Any]:
-        self.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+        # A child that would outlive every bound here: only the stop ends it.
+        self.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+        self.running.set()
         while self.proc.poll() is None:
             if stop() is not None:
                 self.proc.kill()
@@ -97,42 +107,42 @@ class SubprocessAgent:
         yield FinishedEvent(output="exit", claimed_status="completed")
 
 
-def _run_then_stop(adapter: object, tmp_path: Path, ws: Path) -> tuple[Any, float]:
+def _run_then_stop(adapter: Looping | SubprocessAgent, tmp_path: Path, ws: Path) -> Any:
+    """run_agent with `adapter`, the stop engaged once the adapter runs (not after a fixed pause: on a loaded
+    machine the run may not have begun yet, and a stop before the start is another path)."""
     task = AgentTask.model_validate({"goal": "g", "permissions": {"workspace": str(ws)}})
     policy = Policy(ceilings=Ceilings(max_steps=10**6))
-    engaged: list[float] = []
 
-    def stop_soon() -> None:
-        time.sleep(0.3)
-        engaged.append(time.monotonic())
-        StopSwitch().engage("operator pressed stop")
+    def stop_once_running() -> None:
+        if adapter.running.wait(120):  # a bound for a broken run only
+            StopSwitch().engage("operator pressed stop")
 
     with Ledger(tmp_path / LEDGER_FILE) as ledger:
-        th = threading.Thread(target=stop_soon)
+        th = threading.Thread(target=stop_once_running, daemon=True)
         th.start()
         out = run_agent(adapter, task, policy=policy, breaker=Breaker(ledger), ledger=ledger)
-        th.join()
-    return out, time.monotonic() - engaged[0]
+        th.join(120)
+    return out
 
 
-@pytest.mark.timeout(20)
-def test_stop_ends_a_running_in_process_agent_within_2s(tmp_path):
+def test_stop_ends_a_running_in_process_agent(tmp_path):
     ws = tmp_path / "ws"
     ws.mkdir()
-    out, after = _run_then_stop(Looping(), tmp_path, ws)
+    adapter = Looping()
+    out = _run_then_stop(adapter, tmp_path, ws)
+    # It steps forever: STOPPED with the operator's reason is the stop ending it.
+    assert adapter.running.is_set()
     assert out.code is RunCode.STOPPED and "operator pressed stop" in out.reason
-    assert after < 2.0
 
 
-@pytest.mark.timeout(20)
-def test_stop_kills_an_adapters_child_process_within_2s(tmp_path):
+def test_stop_kills_an_adapters_child_process(tmp_path):
     ws = tmp_path / "ws"
     ws.mkdir()
     adapter = SubprocessAgent()
-    out, after = _run_then_stop(adapter, tmp_path, ws)
+    out = _run_then_stop(adapter, tmp_path, ws)
     assert out.code is RunCode.STOPPED and out.claimed_status is None
-    assert adapter.proc is not None and adapter.proc.poll() is not None
-    assert after < 2.0
+    # Killed (SIGKILL), not ended by its ten minutes of sleep, and reaped.
+    assert adapter.proc is not None and adapter.proc.returncode == -signal.SIGKILL
     with pytest.raises(ProcessLookupError):
         os.kill(adapter.proc.pid, 0)
 

@@ -24,10 +24,12 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
 
 PROCTOR = str(Path(sys.executable).with_name("proctor"))
+END = "END-OF-RUN"  # the pane's script prints it after the command, before it writes the done file
 FAKE_DONE = "completed (OK) in 1.2s; worktree /tmp/repo-agents/x needs_human_review=false"
 # Two lines: the progress line shows the last 100 characters of the agent's last line, so each is shown whole.
 FIRST = ("\x1b]0;PWNED-TITLE\x07\x1b]2;PWNED-T2\x1b\\"
@@ -64,11 +66,14 @@ def _start(tmux: Tmux, tmp: Path, command: str, name: str, prelude: str = "") ->
     script = tmp / f"{name}.sh"
     env = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in os.environ.items()
                   if k in ("PATH", "PROCTOR_HOME", "HOME", "LANG", "LC_ALL") or k.startswith("GIT_"))
+    # END-OF-RUN follows everything the command wrote to the pty: once it is on screen, so is the rest.
     script.write_text(f"{env}{prelude}echo BEFORE-MARKER\nwhile [ ! -e {shlex.quote(str(go))} ]; do sleep 0.05; done\n"
-                      f"{command}\necho $? > {shlex.quote(str(done))}\nsleep 60\n")
+                      f"{command}\nstatus=$?\necho {END}\necho $status > {shlex.quote(str(done))}\nsleep 60\n")
     tmux("new-session", "-d", "-x", "160", "-y", "40", "-s", name, f"sh {shlex.quote(str(script))}")
     tmux("pipe-pane", "-t", name, "-o", f"cat >> {shlex.quote(str(raw))}")
-    time.sleep(0.3)
+    # The recorder is attached (its `cat >>` made the file) before the command may start: a fixed 0.3 s
+    # pause was a loaded machine's race.
+    wait_until(raw.exists, 60, "pipe-pane's recorder")
     go.write_text("")
     return raw, done
 
@@ -122,9 +127,8 @@ class Screens:
             time.sleep(0.05)
 
     def finish(self, done: Path, timeout: float = 90) -> list[str]:
-        self.until(lambda _: done.exists(), "the job's end", timeout)
-        time.sleep(0.2)
-        self.capture()
+        # The end marker on screen, not a pause after the done file: the last screen then has all of it.
+        self.until(lambda s: done.exists() and END in s, "the job's end", timeout)
         return self.seen
 
 
@@ -251,9 +255,10 @@ def test_validating_does_not_show_the_agents_line(tmux, tmp_path, repo, fake_bin
 def test_validating_shows_validations_own_line(tmux, tmp_path, repo, fake_bin):
     screens, go, done, _ = _validating_run(tmux, tmp_path, repo, fake_bin, "valown")
     try:
-        # Printed already (the file says so); a redraw is every 0.08 s: 10 s is generous.
+        # Printed already (the file says so); a redraw is every 0.08 s. The default bound (90 s) only ends a
+        # broken run: 10 s was a loaded machine's clock (issue 24).
         screens.until(lambda s: "VALIDATION-OWN-LINE" in (_progress_line(s, "validating") or ""),
-                      "validation's own line on the progress line", timeout=10)
+                      "validation's own line on the progress line")
     finally:
         go.write_text("")
         screens.finish(done)
