@@ -322,6 +322,10 @@ class EgressProxy:
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError,
                 ValueError):
             pass
+        except asyncio.CancelledError:
+            # Only _shutdown cancels a client, and it wants it ended, not reported: 3.11's stream callback
+            # asks a cancelled task for its exception and prints a traceback (fixed in 3.12).
+            pass
         finally:
             self._active -= 1
             self._tasks.discard(task)
