@@ -6,7 +6,9 @@
    and the host's peak RSS growth (each measured in a fresh child, so ru_maxrss is this drain's alone).
 
 Targets (issue 2): overhead <= 1.3x the floor; drain >= 0.5x pipe speed with <= 8 MB RSS growth.
-Run: .venv/bin/python bench/overhead.py [--runs 10] [--gib 2]
+`--phases` also prints where a job's time goes (median per phase over the runs: the worktree and its
+checkout, the environment, the agent's spawn, landing, validation, the review checkout, the rest).
+Run: .venv/bin/python bench/overhead.py [--runs 10] [--gib 2] [--phases]
 """
 
 from __future__ import annotations
@@ -56,6 +58,57 @@ def proctor_once(repo: Path, config) -> float:
     return took
 
 
+PHASES = (  # (name, the functions whose time is the phase's), host.py's order
+    ("worktree (cut + checkout risks)", ("worktree.create", "worktree.checkout_risks")),
+    ("  of which git's checkout", ("worktree.checkout",)),
+    ("environment (gate, confinement, probe, repo settings, setup)",
+     ("host._start_gate", "host._confine", "host._probe_version", "host._repo_settings", "host._setup")),
+    ("agent spawn (run_attempts)", ("host.run_attempts",)),
+    ("landing (scan, hash, commit, checkout)", ("host._land",)),
+    ("  of which the scan", ("landing.scan",)),
+    ("diff risks", ("host._diff_risks",)),
+    ("validation", ("host._validate",)),
+    ("review checkout", ("host._review_checkout",)),
+)
+
+
+def time_phases() -> list[dict[str, float]]:
+    """Wrap the functions PHASES names; each job's times go in a dict of the returned list (appended by
+    `proctor_once` callers: one dict per job)."""
+    import functools
+
+    from proctor.job import host, landing, worktree
+
+    runs: list[dict[str, float]] = []
+    mods = {"host": host, "landing": landing, "worktree": worktree}
+    for _, names in PHASES:
+        for name in names:
+            mod, attr = name.split(".")
+            inner = getattr(mods[mod], attr)
+
+            def timed(*a, _inner=inner, _name=name, **k):
+                t0 = time.perf_counter()
+                try:
+                    return _inner(*a, **k)
+                finally:
+                    if runs:
+                        runs[-1][_name] = runs[-1].get(_name, 0.0) + time.perf_counter() - t0
+
+            setattr(mods[mod], attr, functools.wraps(inner)(timed))
+    return runs
+
+
+def print_phases(runs: list[dict[str, float]], totals: list[float]) -> None:
+    total = statistics.median(totals)
+    print(f"  where a job's time goes (median of {len(runs)}; total {total * 1000:.1f} ms):")
+    top = 0.0
+    for name, keys in PHASES:
+        v = statistics.median(sum(r.get(k, 0.0) for k in keys) for r in runs)
+        top += 0.0 if name.startswith("  ") else v
+        print(f"  {v * 1000:9.1f} ms  {name}")
+    print(f"  {(total - top) * 1000:9.1f} ms  admission, ledger and record, the rest")
+
+
 DRAIN_CHILD = r"""
 import resource, sys, time, json
 from pathlib import Path
@@ -87,6 +140,7 @@ def main() -> None:
     ap.add_argument("--gib", type=float, default=2.0)
     ap.add_argument("--confine", default="off", choices=["off", "auto"],
                     help="off: the issue-2 floor compares plain spawns; auto adds bwrap+landlock (see confine.py)")
+    ap.add_argument("--phases", action="store_true", help="also print where a job's time goes")
     args = ap.parse_args()
     from proctor.config import load_config
 
@@ -99,13 +153,18 @@ def main() -> None:
         repo = make_repo(root, args.files)
         proctor_once(repo, config)  # warm imports and caches once, outside the measurement
         floor_once(repo, 10_000)
+        phases = time_phases() if args.phases else None
         floors, jobs = [], []
         for i in range(args.runs):  # interleaved, so drift hits both alike
             floors.append(floor_once(repo, i))
+            if phases is not None:
+                phases.append({})
             jobs.append(proctor_once(repo, config))
         f, j = statistics.median(floors), statistics.median(jobs)
         print(f"no-op job (confine {args.confine}), {args.files} files, median of {args.runs}: floor {f * 1000:.1f} ms, "
               f"proctor {j * 1000:.1f} ms, ratio {j / f:.2f}x (target <= 1.3x)")
+        if phases is not None:
+            print_phases(phases, jobs)
     n = int(args.gib * (1 << 30))
     d = drain(n)
     print(f"drain of {args.gib:g} GiB: cat {d['raw_s']:.2f} s, proctor {d['s']:.2f} s, speed "

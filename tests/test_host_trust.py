@@ -14,6 +14,7 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -346,9 +347,16 @@ def test_a_fifo_never_hangs_the_host(tmp_path, where):
         hung = subprocess.run(["timeout", "3", "git", "add", "-A"], cwd=clone, capture_output=True)
         assert hung.returncode == 124, "control: git hangs on a FIFO .gitattributes"
     before = main_state(repo)
-    start = time.monotonic()
-    res = job(repo, tmp_path, script, validateCommand="true")
-    assert time.monotonic() - start < 60
+    # Never hangs: the job returns at all (a hung host never would), in a thread so that a hang is this
+    # test's failure, named, within a bound generous for a loaded machine, rather than pytest-timeout's.
+    # How long the job takes is not asserted (issue 24).
+    done: list = []
+    runner = threading.Thread(target=lambda: done.append(job(repo, tmp_path, script, validateCommand="true")),
+                              daemon=True)
+    runner.start()
+    runner.join(240)
+    assert done, f"the host hung on a FIFO at {where}"
+    res = done[0]
     if where == ".git/HEAD":
         # The agent's own git dir is never read: nothing to report, nothing hangs.
         assert res.status is Status.completed and res.changed_files == ["README.md"], res

@@ -91,8 +91,10 @@ def git(
     env: Mapping[str, str] | None = None,
     input_bytes: bytes | None = None,
     timeout: float = GIT_TIMEOUT_S,
+    umask: int | None = None,
 ) -> GitResult:
-    """Run host-side git with no system or global config; `index_file` points git at a private index."""
+    """Run host-side git with no system or global config; `index_file` points git at a private index.
+    `umask`: the child's (a checkout the host makes gets git's modes, 0644/0755, whatever the user's umask)."""
     cmd = ["git", *SAFE_CONFIG]
     if git_dir is not None:
         cmd += ["--git-dir", str(git_dir)]
@@ -112,6 +114,7 @@ def git(
     try:
         # A group of its own: a terminal's Ctrl-C is the CLI's to turn into CANCELLED, not a git failure.
         p = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, timeout=timeout, process_group=0,
+                           umask=-1 if umask is None else umask,
                            **({"input": input_bytes} if input_bytes is not None else {"stdin": subprocess.DEVNULL}))
     except FileNotFoundError:
         return GitResult(127, b"", "git is not installed")

@@ -584,11 +584,9 @@ def _land(job: _Job, wt: worktree.Worktree, result: RunAgentResult) -> landing.L
     _report_scan(job, found, result)
     built = landing.build(job.work, wt.path / ".git", wt, job.host_tmp, found,
                           f"proctor job {job.job_id} ({job.request.agent}): {job.request.ticket}\n")
-    made = built if isinstance(built, worktree.Failure) else landing.materialise(
-        job.work, built.git_dir, built.tree, built.index, trusted_index=True)
-    if isinstance(built, worktree.Failure) or made is not None:
+    if isinstance(built, worktree.Failure):  # build also made the work directory exactly its tree
         result.status, result.code = Status.failed, Code.HOST_ERROR
-        job.risks.append(f"the job's tree was not built: {(made or built).reason}")
+        job.risks.append(f"the job's tree was not built: {built.reason}")
         return None
     big = [(p, n) for p, n in found.oversized if p not in built.left_out_ignored]
     if big:
@@ -613,7 +611,8 @@ def _review_checkout(job: _Job, wt: worktree.Worktree, landed: landing.Landing |
         if not worktree.remove_tree(job.work):
             job.risks.append(f"the agent's scratch directory {job.work} could not be removed")
         return
-    made = landing.materialise(job.work, landed.git_dir, landed.tree, landed.index) if dirty else None
+    made = landing.materialise(job.work, landed.git_dir, landed.tree, landed.index,
+                               known=landed.known) if dirty else None
     failure = made or landing.fresh_index_copy(landed.index, landed.git_dir)
     if failure is None:
         try:
@@ -787,7 +786,13 @@ def _setup(job: _Job, wt: worktree.Worktree, runner: ProcessRunner, env: dict[st
     if cfg is None or job.confiner is None:
         return
     job.progress.phase("setting up the worktree")
-    roots = _hide_holdout(job, wt, confine.job_roots(wt.path, job.agent_tmp, readonly=_main_repo(wt),
+    # The same variables as before validation (PATH, the repo's venv, the tools' settings): one environment
+    # for the repo's commands, documented in README "The validation environment". What it names outside
+    # the worktree (a venv poetry keeps under ~/.cache) is shown read-only, as to validation.
+    jenv = environment.prepare(wt.path, wt.repo.path, validate.Plan(()), cfg, tmp=job.agent_tmp / "setup-env",
+                               env=env, bind=False)
+    roots = _hide_holdout(job, wt, confine.job_roots(wt.path, job.agent_tmp,
+                                                      readonly=(*_main_repo(wt), *jenv.readonly),
                                                       network=bool(cfg.registries)))
     if not isinstance(roots, confine.Unavailable):
         roots = _hide_home(job, roots, ["/bin/sh"])
@@ -801,10 +806,6 @@ def _setup(job: _Job, wt: worktree.Worktree, runner: ProcessRunner, env: dict[st
     if proxy is not None:
         roots = dataclasses.replace(roots, egress_socket=proxy.socket_path,
                                     egress=tuple(str(e) for e in proxy.allowed))
-    # The same variables as before validation (PATH, the repo's venv, the tools' settings): one environment
-    # for the repo's commands, documented in README "The validation environment".
-    jenv = environment.prepare(wt.path, wt.repo.path, validate.Plan(()), cfg, tmp=job.agent_tmp / "setup-env",
-                               env=env, bind=False)
     shared, dirs = environment.setup_env(jenv, network=proxy is not None)
     try:
         try:
@@ -1114,8 +1115,8 @@ def _validation_run(job: _Job, wt: worktree.Worktree, landed: landing.Landing, p
     last; `result` (the first run's) is told how many. Network: none, setup included. Setup that needs the
     registries ran before the agent, on the base's files (code the agent wrote never has a network)."""
     tmpdir = job.host_tmp / f"{name}-tmp"
-    made = (landing.materialise(job.work, landed.git_dir, tree, landed.index) if tree is not None else None) \
-        or landing.scratch_git_dir(job.work, landed, wt, landed.index)
+    made = (landing.materialise(job.work, landed.git_dir, tree, landed.index, known=landed.known)
+            if tree is not None else None) or landing.scratch_git_dir(job.work, landed, wt, landed.index)
     if made is not None:
         job.risks.append(f"validation not run: {made.reason}")
         return None

@@ -12,6 +12,11 @@ every confinement, so an agent can neither rewrite master's blobs nor delete his
 with a linked worktree the shared store was the agent's to edit). A linked worktree also put the agent's
 branch ref and `HEAD` into files the host later read; here the host never reads the agent's git dir.
 
+Right after the checkout, before anything else runs in it, the host keeps what its git wrote: the index (each
+file's stat right after git wrote it) and a stamp (proctor.job.vouch). Landing compares the agent's directory
+with that record and hashes only what it cannot vouch for; the record never leaves the host's memory, so
+nothing the agent runs can edit it.
+
 It never touches the main checkout's files or its HEAD, and never removes a job's checkout (review, land,
 discard and gc are separate verbs).
 """
@@ -19,12 +24,13 @@ discard and gc are separate verbs).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from proctor.confine import beneath
 from proctor.contract import check_ref
 from proctor.job.git import git
+from proctor.job.vouch import Recorded, stamp
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,9 @@ class Worktree:
     base_ref: str
     base_sha: str
     repo: Repo
+    # The checkout as the host's git wrote it, read before anything else ran there; None: nothing is vouched
+    # for (every file's content is read at landing).
+    recorded: Recorded | None = field(default=None, repr=False, compare=False)
 
 
 def agents_dir(repo: Repo) -> Path:
@@ -186,8 +195,23 @@ def init_git_dir(work_tree: Path, repo: Repo, branch: str, alternates: tuple[Pat
 def checkout(git_dir: Path, work_tree: Path, rev: str) -> Failure | None:
     """Populate `work_tree` (and `git_dir`'s index) with `rev`: git's own checkout with no config of the
     repo's, so no filter runs; submodules stay empty directories."""
-    res = git(["read-tree", "--reset", "-u", rev], git_dir=git_dir, work_tree=work_tree, cwd=work_tree)
+    res = git(["read-tree", "--reset", "-u", rev], git_dir=git_dir, work_tree=work_tree, cwd=work_tree, umask=0o022)
     return None if res.ok else Failure(f"git checkout of {rev[:12]} failed: {res.err}")
+
+
+def record(git_dir: Path, repo: Repo) -> Recorded | None:
+    """The index a checkout just wrote in `git_dir` and a stamp after it: called before anything but the host
+    ran in the checkout. None when it cannot be read (nothing is vouched for then)."""
+    try:
+        data = (git_dir / "index").read_bytes()
+        fd = os.open(git_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            since = stamp(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    return Recorded(data, since, 32 if repo.object_format == "sha256" else 20)
 
 
 def set_ref(git_dir: Path, ref: str, sha: str) -> Failure | None:
@@ -220,7 +244,7 @@ def create(repo: Repo, job_id: str, ticket: str, base: Base) -> Worktree | Failu
     gd = path / ".git"
     failure = (init_git_dir(path, repo, branch) or set_ref(gd, f"refs/heads/{branch}", base.sha)
                or _base_name_ref(gd, base, branch) or checkout(gd, path, base.sha))
-    return failure or Worktree(path, branch, base.ref, base.sha, repo)
+    return failure or Worktree(path, branch, base.ref, base.sha, repo, record(gd, repo))
 
 
 def _base_name_ref(git_dir: Path, base: Base, branch: str) -> Failure | None:
