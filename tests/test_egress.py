@@ -129,7 +129,10 @@ def _client(path: Path, request: bytes, timeout: float = 5) -> tuple[socket.sock
     s = socket.socket(socket.AF_UNIX)
     s.settimeout(timeout)
     s.connect(str(path))
-    s.sendall(request)
+    try:
+        s.sendall(request)
+    except BrokenPipeError:
+        pass  # the proxy answered and closed before reading (a refusal at accept): its answer is still read
     head = b""
     while b"\r\n\r\n" not in head:
         chunk = s.recv(1024)
