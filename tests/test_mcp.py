@@ -479,7 +479,12 @@ def test_claude_code_runs_a_job_through_run_agent_and_job_result(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_", "NODE_EXTRA_CA"))}
     env.update(HOME=str(home), ANTHROPIC_BASE_URL=model.url, ANTHROPIC_API_KEY="sk-scripted-model-test-key",
                NODE_EXTRA_CA_CERTS=str(model.ca_file), CLAUDE_CODE_MAX_RETRIES="0", DISABLE_AUTOUPDATER="1",
-               DISABLE_TELEMETRY="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1")
+               DISABLE_TELEMETRY="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+               # claude -p asks the model without waiting long for a slow MCP server (non-blocking, a few
+               # seconds): on a loaded machine `proctor mcp` was not up yet, the request offered no proctor
+               # tool, and claude answered without one. Wait for it (checked with the server's start delayed
+               # 6 s: without these claude answered with no tool; with them the job ran).
+               MCP_CONNECTION_NONBLOCKING="false", MCP_TIMEOUT="120000", MCP_CONNECT_TIMEOUT_MS="120000")
     argv = [str(CLAUDE), "-p", "--output-format", "json", "--mcp-config", str(config), "--strict-mcp-config",
             "--allowedTools", "mcp__proctor__run_agent,mcp__proctor__job_result", "--",
             "Run the patch job with proctor and tell me its result."]
