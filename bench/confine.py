@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from proctor.confine import LayeredConfiner, Unavailable, detect, job_roots
+from proctor.mechanisms.confine import LayeredConfiner, Unavailable, detect, job_roots
 
 TARGETS_MS = {"landlock": 2.0, "bwrap": 10.0, "bwrap+landlock": 12.0}
 LAYERS = {"landlock": (False, True), "bwrap": (True, False), "bwrap+landlock": (True, True)}

@@ -91,7 +91,7 @@ def job_once(key: str, repo: Path, config) -> tuple[float, object]:
 
 
 def bench(key: str, runs: int, confine: str) -> dict:
-    from proctor.config import load_config
+    from proctor.mechanisms.config.load import load_config
 
     root = Path(tempfile.mkdtemp(prefix=f"proctor-bench-{key}-"))
     saved = dict(os.environ)

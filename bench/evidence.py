@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from proctor.evidence import instrument, readers
+from proctor.mechanisms.evidence import instrument, readers
 
 
 def make_project(root: Path, modules: int, tests: int) -> Path:

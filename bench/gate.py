@@ -14,10 +14,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from proctor.policy.gate import Gate
-from proctor.policy.stop import StopSwitch
-from proctor.policy.task import AgentTask, Effect, ToolCall
-from proctor.policy.trusted import Ceilings, Policy
+from proctor.mechanisms.policy.gate import Gate
+from proctor.mechanisms.policy.stop import StopSwitch
+from proctor.mechanisms.policy.task import AgentTask, Effect, ToolCall
+from proctor.mechanisms.policy.trusted import Ceilings, Policy
 
 EFFECTS = [Effect.read, Effect.write, Effect.delete, Effect.none, Effect.shell, Effect.network, Effect.send]
 

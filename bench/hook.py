@@ -25,9 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from proctor.job.gatekeeper import ClaudeDialect, GateService, default_task
-from proctor.ledger import Ledger
-from proctor.policy.trusted import Ceilings, Policy
+from proctor.mechanisms.gatekeeper.service import ClaudeDialect, GateService, default_task
+from proctor.mechanisms.ledger.store import Ledger
+from proctor.mechanisms.policy.trusted import Ceilings, Policy
 
 
 def timed(argv: list[str], stdin: bytes) -> float:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from proctor.job.process import LocalRunner, Spawn
+from proctor.mechanisms.process.local import LocalRunner, Spawn
 
 PAYLOAD = r"""
 import os, sys, time

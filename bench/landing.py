@@ -34,11 +34,11 @@ JOB = r"""
 import json, sys, time
 from pathlib import Path
 from proctor import RunAgentRequest, run_agent
-from proctor.config import load_config
+from proctor.mechanisms.config.load import load_config
 config = load_config(Path(sys.argv[2]))
 exited = []
 try:  # when the agent's run ends: what follows is landing, validation, review and the record
-    from proctor.job import host
+    from proctor.services.job import run_agent as host
     inner = host.run_attempts
     def timed(*a, **k):
         try:

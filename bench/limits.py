@@ -19,8 +19,8 @@ import threading
 import time
 from pathlib import Path
 
-from proctor.job.cgroup import Limits
-from proctor.job.process import LocalRunner, Spawn
+from proctor.mechanisms.confine.cgroup import Limits
+from proctor.mechanisms.process.local import LocalRunner, Spawn
 
 PY = sys.executable
 

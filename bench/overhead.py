@@ -77,7 +77,8 @@ def time_phases() -> list[dict[str, float]]:
     `proctor_once` callers: one dict per job)."""
     import functools
 
-    from proctor.job import host, landing, worktree
+    from proctor.services.job import run_agent as host
+    from proctor.mechanisms.git import landing, worktree
 
     runs: list[dict[str, float]] = []
     mods = {"host": host, "landing": landing, "worktree": worktree}
@@ -112,7 +113,7 @@ def print_phases(runs: list[dict[str, float]], totals: list[float]) -> None:
 DRAIN_CHILD = r"""
 import resource, sys, time, json
 from pathlib import Path
-from proctor.job.process import LocalRunner, Spawn
+from proctor.mechanisms.process.local import LocalRunner, Spawn
 n = int(sys.argv[1])
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t0 = time.perf_counter()
@@ -142,7 +143,7 @@ def main() -> None:
                     help="off: the issue-2 floor compares plain spawns; auto adds bwrap+landlock (see confine.py)")
     ap.add_argument("--phases", action="store_true", help="also print where a job's time goes")
     args = ap.parse_args()
-    from proctor.config import load_config
+    from proctor.mechanisms.config.load import load_config
 
     with tempfile.TemporaryDirectory(prefix="proctor-bench-") as tmp:
         root = Path(tmp)

@@ -31,15 +31,15 @@ from pathlib import Path
 import nats
 from nats.js.api import ConsumerConfig, RetentionPolicy, StreamConfig
 
-from proctor.config import QueueSettings
-from proctor.queue import connection, sender, server
-from proctor.queue.jetstream import JetStreamBackend
-from proctor.queue.envelope import unseal
-from proctor.queue.results import SignedResult, open_result
-from proctor.queue.signers import load_trust
-from proctor.queue.testing import trusted_home
+from proctor.mechanisms.config.load import QueueSettings
+from proctor.mechanisms.queue import connection, sender, server
+from proctor.mechanisms.queue.jetstream import JetStreamBackend
+from proctor.mechanisms.queue.envelope import unseal
+from proctor.mechanisms.queue.results import SignedResult, open_result
+from proctor.mechanisms.queue.signers import load_trust
+from proctor.mechanisms.queue.testing import trusted_home
 
-PROCTOR = [sys.executable, "-c", "from proctor.cli import main; main()"]
+PROCTOR = [sys.executable, "-c", "from proctor.surfaces.cli import main; main()"]
 
 
 def pct(xs: list[float], p: float) -> float:

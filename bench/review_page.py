@@ -18,7 +18,7 @@ from conftest import make_repo  # noqa: E402
 from review_site import Server, run_job  # noqa: E402
 from test_review_bigdiff import BIG_BYTES, big_files  # noqa: E402
 
-from proctor.testing import Behaviour, FakeAgent  # noqa: E402
+from proctor.mechanisms.adapters.testing import Behaviour, FakeAgent  # noqa: E402
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from proctor.commands import snapshot
+from proctor.services.commands import snapshot
 
 GIT = ["git", "-c", "core.fsmonitor=false", "-c", "core.untrackedCache=false"]
 

@@ -40,8 +40,8 @@ def once(root: Path, ignore_term: bool) -> float:
     """Seconds from the stop to run_agent's STOPPED result, in a fresh home under `root`."""
     from proctor import RunAgentRequest, run_agent
     from proctor.contract import Code
-    from proctor.policy.stop import StopSwitch
-    from proctor.testing import Behaviour, FakeAgent
+    from proctor.mechanisms.policy.stop import StopSwitch
+    from proctor.mechanisms.adapters.testing import Behaviour, FakeAgent
 
     home = root / "home"
     home.mkdir(parents=True)

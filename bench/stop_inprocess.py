@@ -38,12 +38,12 @@ class Looping:
         self.running = threading.Event()
 
     def available(self):  # type: ignore[no-untyped-def]
-        from proctor.policy.runtime import Availability
+        from proctor.mechanisms.policy.runtime import Availability
 
         return Availability(available=True)
 
     def run(self, task: Any, *, gate: Any, usage: Any, stop: Callable[[], str | None]) -> Iterator[Any]:
-        from proctor.policy.runtime import StepEvent
+        from proctor.mechanisms.policy.runtime import StepEvent
 
         while True:
             time.sleep(self.floor_s)
@@ -59,12 +59,12 @@ class Subprocess:
         self.running = threading.Event()
 
     def available(self):  # type: ignore[no-untyped-def]
-        from proctor.policy.runtime import Availability
+        from proctor.mechanisms.policy.runtime import Availability
 
         return Availability(available=True)
 
     def run(self, task: Any, *, gate: Any, usage: Any, stop: Callable[[], str | None]) -> Iterator[Any]:
-        from proctor.policy.runtime import FinishedEvent
+        from proctor.mechanisms.policy.runtime import FinishedEvent
 
         proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
         self.running.set()
@@ -79,12 +79,12 @@ class Subprocess:
 
 def once(make: Callable[[], Looping | Subprocess], root: Path) -> float:
     """Seconds from the engage to run_agent's STOPPED return, in a fresh $PROCTOR_HOME under `root`."""
-    from proctor.ledger import LEDGER_FILE, Ledger
-    from proctor.policy.breaker import Breaker
-    from proctor.policy.runtime import RunCode, run_agent
-    from proctor.policy.stop import StopSwitch
-    from proctor.policy.task import AgentTask
-    from proctor.policy.trusted import Ceilings, Policy
+    from proctor.mechanisms.ledger.store import LEDGER_FILE, Ledger
+    from proctor.mechanisms.policy.breaker import Breaker
+    from proctor.mechanisms.policy.runtime import RunCode, run_agent
+    from proctor.mechanisms.policy.stop import StopSwitch
+    from proctor.mechanisms.policy.task import AgentTask
+    from proctor.mechanisms.policy.trusted import Ceilings, Policy
 
     home = root / "home"
     ws = root / "ws"

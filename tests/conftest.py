@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from proctor.testing import Behaviour, FakeAgent
+from proctor.mechanisms.adapters.testing import Behaviour, FakeAgent
 
 UNCONFINED = 'confine = "off"\n'
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
@@ -99,7 +99,7 @@ class Clock:
 @pytest.fixture(scope="module")
 def nats_url(tmp_path_factory):
     """One real nats-server (the bundled binary) for a test module."""
-    from proctor.queue import server
+    from proctor.mechanisms.queue import server
 
     handle = server.start(tmp_path_factory.mktemp("nats") / "store")
     yield handle.url
@@ -126,8 +126,8 @@ def serve_in_thread(app):  # type: ignore[no-untyped-def]
 
     import uvicorn
 
-    from proctor.api.guard import server_config
-    from proctor.queue import server
+    from proctor.surfaces.api.guard import server_config
+    from proctor.mechanisms.queue import server
 
     @contextlib.contextmanager
     def serving():

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from proctor.web.access import Access
+from proctor.surfaces.web.access import Access
 
 PROCTOR = Path(sys.executable).with_name("proctor")
 
@@ -51,7 +51,7 @@ class Server:
         assert got.wait(30), f"proctor serve printed no sign-in address: {''.join(self.err)}"
         self.base = f"http://127.0.0.1:{self.port}"
         self.token = (Path(os.environ["PROCTOR_HOME"]) / "review-token").read_text().strip()
-        self.prefix = f"/review/{Access(self.token).scope}"  # the page's secret path (proctor.web.access)
+        self.prefix = f"/review/{Access(self.token).scope}"  # the page's secret path (proctor.surfaces.web.access)
         deadline = time.monotonic() + 30
         while True:
             try:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from proctor import RunAgentRequest, Status, run_agent
-from proctor.config import ConfigError, builtin_agents, load_config
-from proctor.testing import Behaviour
+from proctor.mechanisms.config.load import ConfigError, builtin_agents, load_config
+from proctor.mechanisms.adapters.testing import Behaviour
 
 CODEX_OUT = "\n".join(json.dumps(e) for e in [
     {"type": "thread.started", "thread_id": "t"},
@@ -161,7 +161,7 @@ def test_config_found_via_env_and_home(tmp_path, monkeypatch, proctor_home):
 
 
 def test_gemini_pretty_printed_error_after_a_banner():
-    from proctor.adapters.output import read_gemini
+    from proctor.mechanisms.adapters.output import read_gemini
 
     err = 'YOLO mode is enabled. All tool calls will be automatically approved.\n{\n  "error": {\n    "type": "Error",\n' \
           '    "message": "Please set an Auth method",\n    "code": 41,\n    "details": [\n      {\n        "x": 1\n      }\n    ]\n  }\n}\n'

@@ -9,8 +9,8 @@ import pytest
 from conftest import Clock
 
 from proctor.contract import Code, Status
-from proctor.ledger import LEDGER_FILE, Ledger
-from proctor.policy.breaker import TRANSITION_KIND, Breaker, BreakerState, Signal, evidence_for
+from proctor.mechanisms.ledger.store import LEDGER_FILE, Ledger
+from proctor.mechanisms.policy.breaker import TRANSITION_KIND, Breaker, BreakerState, Signal, evidence_for
 
 
 @pytest.fixture(autouse=True)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 
-from proctor.config import load_config
+from proctor.mechanisms.config.load import load_config
 from proctor.contract import Code, RunAgentRequest, Status
-from proctor.job.host import run_agent
-from proctor.testing import Behaviour
+from proctor.services.job.run_agent import run_agent
+from proctor.mechanisms.adapters.testing import Behaviour
 
 from conftest import make_repo
 

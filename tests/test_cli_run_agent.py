@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from proctor.testing import Behaviour
+from proctor.mechanisms.adapters.testing import Behaviour
 
 PROCTOR = str(Path(sys.executable).with_name("proctor"))
 

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proctor.commands import Allowlist, ProposalError, RequestCode, confined, controlplane, snapshot
-from proctor.commands.controlplane import ControlPlane
-from proctor.commands.globs import covers_folder, literal_root, matches
-from proctor.commands.pattern import PathContext, match
-from proctor.commands.request import CommandRequest, read_request
+from proctor.services.commands import Allowlist, ProposalError, RequestCode, confined, controlplane, snapshot
+from proctor.services.commands.controlplane import ControlPlane
+from proctor.services.commands.globs import covers_folder, literal_root, matches
+from proctor.services.commands.pattern import PathContext, match
+from proctor.services.commands.request import CommandRequest, read_request
 from test_commands_support import home, project  # noqa: F401  (fixtures)
 
 ENTRY = """
@@ -92,8 +92,8 @@ def test_a_bad_allowlist_is_refused_at_load(argv, more, why) -> None:
     ],
 )
 def test_stdin_gates_judge_the_content(gate, ok, bad) -> None:
-    from proctor.commands.gates import first_failure
-    from proctor.commands.request import StdinContent
+    from proctor.services.commands.gates import first_failure
+    from proctor.services.commands.request import StdinContent
 
     gates = load('["a"]', f"stdin_gates = [{gate}]").file.agents["a"].commands[0].stdin_gates
     assert first_failure(gates, StdinContent(path="x", content=ok), "x") is None
@@ -105,7 +105,7 @@ def test_stdin_gates_judge_the_content(gate, ok, bad) -> None:
 
 
 def test_the_documented_example_loads() -> None:
-    from proctor.commands import allowlist
+    from proctor.services.commands import allowlist
 
     example = allowlist.__doc__.split("\n\n", 2)[2]
     loaded = Allowlist.parse("\n".join(line[4:] for line in example.splitlines()))

@@ -9,10 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from proctor.confine import detect
+from proctor.mechanisms.confine import detect
 from test_commands_support import home, policy_file, project, request, tools  # noqa: F401  (fixtures)
 
-PROCTOR = [sys.executable, "-c", "from proctor.cli import main; main()"]
+PROCTOR = [sys.executable, "-c", "from proctor.surfaces.cli import main; main()"]
 
 
 def cli(tmp_path: Path, req: object, *flags: str, raw: str | None = None, cwd: Path | None = None

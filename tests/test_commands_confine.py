@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from proctor.commands import ProposalError, RequestCode, run_request
-from proctor.confine import Unavailable, choose, detect
+from proctor.services.commands import ProposalError, RequestCode, run_request
+from proctor.mechanisms.confine import Unavailable, choose, detect
 from test_commands_support import ACT, PY, home, project  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.skipif(isinstance(choose("required", detect()), Unavailable),

@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 
 from proctor import RunAgentRequest, Status, run_agent
-from proctor.commands import LedgerTamperedError, RequestCode, isolation, run_request
-from proctor.config import load_config
-from proctor.confine import detect
-from proctor.ledger import Ledger
+from proctor.services.commands import LedgerTamperedError, RequestCode, isolation, run_request
+from proctor.mechanisms.config.load import load_config
+from proctor.mechanisms.confine import detect
+from proctor.mechanisms.ledger.store import Ledger
 from test_commands_support import PY, base_policy, home, project, request, toml_str, tools  # noqa: F401
 from conftest import make_repo
 
-PROCTOR = [sys.executable, "-c", "from proctor.cli import main; main()"]
+PROCTOR = [sys.executable, "-c", "from proctor.surfaces.cli import main; main()"]
 
 # Edits one row of the ledger as a person would: drop the guard triggers, UPDATE, put the triggers back (so
 # only the chain can tell). `recompute` also rewrites the row's own hash, as someone who read ledger.py would.

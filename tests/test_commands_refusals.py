@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from proctor.commands import ProposalError, RequestCode, run_request
+from proctor.services.commands import ProposalError, RequestCode, run_request
 from test_commands_support import (  # noqa: F401  (fixtures)
     PY,
     base_policy,

@@ -14,8 +14,8 @@ import psutil
 import pytest
 from conftest import wait_until
 
-from proctor.ledger import Ledger
-from proctor.commands import (
+from proctor.mechanisms.ledger.store import Ledger
+from proctor.services.commands import (
     LedgerTamperedError,
     RequestCode,
     UndeclaredWritesError,

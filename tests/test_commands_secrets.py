@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from proctor.commands import LedgerTamperedError, UndeclaredWritesError, run_request
-from proctor.confine import Unavailable, choose, detect
+from proctor.services.commands import LedgerTamperedError, UndeclaredWritesError, run_request
+from proctor.mechanisms.confine import Unavailable, choose, detect
 from test_commands_support import PY, git, home, isolation_mode, project, toml_str, tools  # noqa: F401
 
 KEY = b"-----BEGIN PROCTOR HOST KEY----- not-a-real-key\n"
@@ -127,7 +127,7 @@ def test_the_key_is_hidden_from_a_confined_pytest(layers, tmp_path, project, sec
         caps = detect()
         if not caps.landlock:
             pytest.skip("no Landlock here")
-        from proctor.commands import confined
+        from proctor.services.commands import confined
 
         monkeypatch.setattr(confined, "detect", lambda: dataclasses.replace(caps, bwrap=None))
     req = plant_evil_test(project, secrets)

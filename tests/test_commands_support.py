@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from proctor.commands import Allowlist
-from proctor.ledger import Ledger
+from proctor.services.commands import Allowlist
+from proctor.mechanisms.ledger.store import Ledger
 
 PY = sys.executable
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
@@ -128,8 +128,8 @@ def project(tmp_path: Path) -> Path:
 def isolation_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """`bwrap`: unconfined runs hide proctor's state in a mount namespace, as they do wherever bwrap runs;
     `none`: the same machine with bwrap taken away, the fallback that can only detect and put back."""
-    from proctor.commands import isolation
-    from proctor.confine import detect
+    from proctor.services.commands import isolation
+    from proctor.mechanisms.confine import detect
 
     caps = detect()
     if request.param == "bwrap" and caps.bwrap is None:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from proctor.config import ConfigError, builtin_agents, load_config
+from proctor.mechanisms.config.load import ConfigError, builtin_agents, load_config
 from proctor.contract import RunAgentRequest, Status
-from proctor.job.host import run_agent
-from proctor.testing import Behaviour
+from proctor.services.job.run_agent import run_agent
+from proctor.mechanisms.adapters.testing import Behaviour
 
 PROCTOR = str(Path(sys.executable).with_name("proctor"))
 OVERLAY = 'confine = "off"\n[agents.claude]\nenv = { ANTHROPIC_BASE_URL = "http://127.0.0.1:9" }\n'

@@ -18,8 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from proctor.job import worktree
-from proctor.confine import ConfineRequest, LayeredConfiner, Unavailable, detect, job_roots, refuse_hard_links
+from proctor.mechanisms.git import worktree
+from proctor.mechanisms.confine import (
+    ConfineRequest,
+    LayeredConfiner,
+    Unavailable,
+    detect,
+    job_roots,
+    refuse_hard_links,
+)
 
 CAPS = detect()
 MODES = {"bwrap+landlock": (True, True), "bwrap": (True, False), "landlock": (False, True)}

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from proctor.confine import Capabilities, ConfineRequest, Unavailable, choose, detect
-from proctor.confine import helper as helper_mod
-from proctor.confine import landlock
+from proctor.mechanisms.confine import Capabilities, ConfineRequest, Unavailable, choose, detect
+from proctor.mechanisms.confine import helper as helper_mod
+from proctor.mechanisms.confine import landlock
 from proctor.contract import Code
 
 NONE = Capabilities(None, None, "bwrap not installed", 0, "ENOSYS", None, "no Landlock", False, None, 0)
@@ -152,7 +152,7 @@ def test_this_machine_gets_what_detect_found() -> None:
 
 
 def test_exec_roots_expose_a_venv_under_the_private_tmp_and_never_tmp_itself(tmp_path):
-    from proctor.confine.plan import exec_roots
+    from proctor.mechanisms.confine.plan import exec_roots
 
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
@@ -212,7 +212,7 @@ def test_proxy_landlock_alone_uses_a_netns_as_root_else_says_the_network_is_open
 
 
 def test_proxy_under_bwrap_alone_relays_with_the_system_python(req: ConfineRequest, monkeypatch) -> None:
-    from proctor.confine import plan as plan_mod
+    from proctor.mechanisms.confine import plan as plan_mod
 
     monkeypatch.setattr(plan_mod, "system_python", lambda: "/usr/bin/python3")
     plan = choose("auto", replace(BOTH, helper=None)).wrap(["agent"], _proxied(req))

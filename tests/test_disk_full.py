@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from proctor.ledger import LEDGER_FILE, Ledger
+from proctor.mechanisms.ledger.store import LEDGER_FILE, Ledger
 
 PROCTOR = str(Path(sys.executable).with_name("proctor"))
 SIZE = 3 * 1024 * 1024

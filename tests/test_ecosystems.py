@@ -33,11 +33,11 @@ import pytest
 
 import ecosystems_fetch as fx
 from proctor import RunAgentRequest, Status, run_agent
-from proctor.config import load_config
-from proctor.confine import detect
+from proctor.mechanisms.config.load import load_config
+from proctor.mechanisms.confine import detect
 from proctor.contract import Code
-from proctor.job import environment, validate
-from proctor.ledger import Ledger
+from proctor.mechanisms.validation import environment, plan as validate
+from proctor.mechanisms.ledger.store import Ledger
 
 CAPS = detect()
 BOTH = CAPS.bwrap is not None and CAPS.landlock

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from proctor.confine.egress import EgressProxy, Limits, parse_endpoint, proxy_env
+from proctor.mechanisms.confine.egress import EgressProxy, Limits, parse_endpoint, proxy_env
 
 
 @pytest.mark.parametrize(("entry", "text"), [

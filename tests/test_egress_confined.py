@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 from conftest import wait_until
 
-from proctor.confine import ConfineRequest, LayeredConfiner, Unavailable, detect
-from proctor.confine.egress import EgressProxy
+from proctor.mechanisms.confine import ConfineRequest, LayeredConfiner, Unavailable, detect
+from proctor.mechanisms.confine.egress import EgressProxy
 
 CAPS = detect()
 MODES = {"bwrap+landlock": (True, True), "landlock": (False, True), "bwrap": (True, False)}

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from proctor.confine.egress import EgressProxy
+from proctor.mechanisms.confine.egress import EgressProxy
 
 
 class Server:

@@ -14,10 +14,10 @@ import ecosystems_fetch as fx
 import pytest
 
 from conftest import make_repo, sh
-from proctor.evidence import signals
-from proctor.evidence.preempt import preempting, top_level_modules
-from proctor.evidence.signals import PREFIX, diff_signals
-from proctor.job.frozen import is_test_defining
+from proctor.mechanisms.evidence import signals
+from proctor.mechanisms.evidence.preempt import preempting, top_level_modules
+from proctor.mechanisms.evidence.signals import PREFIX, diff_signals
+from proctor.mechanisms.git.frozen import is_test_defining
 
 
 def _write(repo: Path, files: dict[str, str | bytes | None]) -> None:

@@ -18,11 +18,12 @@ import pytest
 
 from conftest import make_repo, sh
 from proctor import RunAgentRequest, Status, run_agent
-from proctor.config import load_config
-from proctor.confine import beneath
+from proctor.mechanisms.config.load import load_config
+from proctor.mechanisms.confine import beneath
 from proctor.contract import Code
-from proctor.job import record, worktree
-from proctor.testing import Behaviour
+from proctor.services.job import record
+from proctor.mechanisms.git import worktree
+from proctor.mechanisms.adapters.testing import Behaviour
 
 PROCTOR = Path(sys.executable).with_name("proctor")
 CI = os.environ.get("CI") == "true"

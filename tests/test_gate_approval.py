@@ -13,7 +13,7 @@ from pathlib import Path
 from test_gate_bypass import config, job  # noqa: F401 - the fixture and the runner
 
 from proctor.contract import Code, Status
-from proctor.ledger import Ledger
+from proctor.mechanisms.ledger.store import Ledger
 
 PROCTOR = str(Path(sys.executable).with_name("proctor"))
 

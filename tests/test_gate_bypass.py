@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from proctor.config import load_config
+from proctor.mechanisms.config.load import load_config
 from proctor.contract import Code, RunAgentRequest, Status
-from proctor.job.host import run_agent
+from proctor.services.job.run_agent import run_agent
 
 # Runs the hooks from the --settings file it was given (as claude does), when told to, around one tool call.
 CLI = r'''

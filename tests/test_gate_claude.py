@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from test_real_cli_jobs import ACTION, run_job
 
-from proctor.job.gatekeeper import HOOK_CLIENT
+from proctor.mechanisms.gatekeeper.service import HOOK_CLIENT
 
 
 def gate_rows(job) -> list[dict]:
@@ -90,7 +90,7 @@ def drive_claude(tmp_path: Path, hook: str, install: list[str] | None) -> tuple[
     from modelserver import ScriptedModel
     from test_real_cli_jobs import BIN, CLIS, KEY, TASK, need
 
-    from proctor.config import builtin_agents
+    from proctor.mechanisms.config.load import builtin_agents
 
     need(CLIS["claude"])
     spec = builtin_agents()["claude"]

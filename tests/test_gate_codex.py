@@ -23,13 +23,13 @@ from modelserver import ScriptedModel
 from test_gate_claude import declaration, gate_rows
 from test_real_cli_jobs import ACTION, BIN, CI, run_job
 
-from proctor.adapters.spec import build
-from proctor.config import builtin_agents, load_config
+from proctor.mechanisms.adapters.spec import build
+from proctor.mechanisms.config.load import builtin_agents, load_config
 from proctor.contract import Code, RunAgentRequest, Status
-from proctor.job.gate_codex import CodexDialect, command_key
-from proctor.job.gatekeeper import DIALECTS, HOOK_CLIENT
-from proctor.job.host import run_agent
-from proctor.policy.gate import CallVerdict, Decision, GateCode
+from proctor.mechanisms.gatekeeper.codex import CodexDialect, command_key
+from proctor.mechanisms.gatekeeper.service import DIALECTS, HOOK_CLIENT
+from proctor.services.job.run_agent import run_agent
+from proctor.mechanisms.policy.gate import CallVerdict, Decision, GateCode
 
 
 def calls(job) -> list[dict]:

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from proctor.job import gatekeeper
-from proctor.job.gatekeeper import ClaudeDialect, GateService, default_task
-from proctor.ledger import Ledger
-from proctor.policy.trusted import Policy
+from proctor.mechanisms.gatekeeper import service as gatekeeper
+from proctor.mechanisms.gatekeeper.service import ClaudeDialect, GateService, default_task
+from proctor.mechanisms.ledger.store import Ledger
+from proctor.mechanisms.policy.trusted import Policy
 
 MiB = 1024 * 1024
 
@@ -86,9 +86,9 @@ HOST = r"""
 import json, sys, threading, time
 from pathlib import Path
 import psutil
-from proctor.job.gatekeeper import ClaudeDialect, GateService, default_task
-from proctor.ledger import Ledger
-from proctor.policy.trusted import Policy
+from proctor.mechanisms.gatekeeper.service import ClaudeDialect, GateService, default_task
+from proctor.mechanisms.ledger.store import Ledger
+from proctor.mechanisms.policy.trusted import Policy
 tmp = Path(sys.argv[1])
 work = tmp / "work"
 work.mkdir(exist_ok=True)

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from proctor.config import load_config
+from proctor.mechanisms.config.load import load_config
 from proctor.contract import Code, RunAgentRequest, Status
-from proctor.job.gatekeeper import ClaudeDialect, GateService, StreamLines, default_task
-from proctor.job.host import run_agent
-from proctor.ledger import Ledger
-from proctor.policy.trusted import Policy
+from proctor.mechanisms.gatekeeper.service import ClaudeDialect, GateService, StreamLines, default_task
+from proctor.services.job.run_agent import run_agent
+from proctor.mechanisms.ledger.store import Ledger
+from proctor.mechanisms.policy.trusted import Policy
 
 PROCTOR = str(Path(sys.executable).with_name("proctor"))
 

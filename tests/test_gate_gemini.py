@@ -20,15 +20,15 @@ from modelserver import ERROR_MARK, FINAL_TEXT, ScriptedModel
 from test_gate_claude import declaration, gate_rows
 from test_real_cli_jobs import ACTION, BIN, CAPS, CI, run_job
 
-from proctor.adapters.output import read_gemini_stream
-from proctor.config import load_config
+from proctor.mechanisms.adapters.output import read_gemini_stream
+from proctor.mechanisms.config.load import load_config
 from proctor.contract import Code, RunAgentRequest, Status
-from proctor.job.gate_gemini import GeminiDialect
-from proctor.job.gatekeeper import HOOK_CLIENT, default_task, input_digest
-from proctor.job.host import run_agent
-from proctor.policy.gate import CallVerdict, Decision, GateCode
-from proctor.policy.task import AgentTask
-from proctor.policy.trusted import Policy
+from proctor.mechanisms.gatekeeper.gemini import GeminiDialect
+from proctor.mechanisms.gatekeeper.service import HOOK_CLIENT, default_task, input_digest
+from proctor.services.job.run_agent import run_agent
+from proctor.mechanisms.policy.gate import CallVerdict, Decision, GateCode
+from proctor.mechanisms.policy.task import AgentTask
+from proctor.mechanisms.policy.trusted import Policy
 
 SHELL = {"name": "run_shell_command", "effect": "shell"}
 
@@ -124,8 +124,8 @@ def gemini_direct(tmp_path: Path, hook: list[str], task: AgentTask | None = None
     """The built-in adapter's argv (gate args included) under bubblewrap the way a job has it: the gate dir
     bound read-only on a private /tmp, so it and its ancestors are root's. `hook` replaces the hook client."""
     need_gemini()
-    from proctor.adapters.spec import Invocation, build
-    from proctor.config import builtin_agents
+    from proctor.mechanisms.adapters.spec import Invocation, build
+    from proctor.mechanisms.config.load import builtin_agents
 
     repo = make_repo(tmp_path, {"README.md": "hello\n"})
     home, gate = tmp_path / "home", tmp_path / "gate"
@@ -350,7 +350,7 @@ def test_the_guard_turns_every_failure_of_the_hook_into_exit_2(script, says):
 def test_the_hook_client_gives_up_on_a_gate_that_never_answers(tmp_path):
     import socket
 
-    client = Path(__file__).resolve().parents[1] / "src" / "proctor" / "hook_client.py"
+    client = Path(__file__).resolve().parents[1] / "src" / "proctor" / "mechanisms" / "gatekeeper" / "hook_client.py"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as srv:
         srv.bind(str(tmp_path / "g.sock"))
         srv.listen(1)  # accepts (the kernel does), never answers

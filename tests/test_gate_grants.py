@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from proctor.job.gatekeeper import (
+from proctor.mechanisms.gatekeeper.service import (
     ClaudeDialect,
     GateService,
     default_task,
     input_digest,
 )
-from proctor.ledger import LEDGER_FILE, Entry, Ledger
-from proctor.policy.trusted import Policy
+from proctor.mechanisms.ledger.store import LEDGER_FILE, Entry, Ledger
+from proctor.mechanisms.policy.trusted import Policy
 
 PROCTOR = str(Path(sys.executable).with_name("proctor"))
 ROUNDS = 50

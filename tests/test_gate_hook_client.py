@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from proctor import hook_client
-from proctor.job import gatekeeper
-from proctor.job.gatekeeper import ClaudeDialect, GateService, default_task
-from proctor.ledger import Ledger
-from proctor.policy.trusted import Policy
+from proctor.mechanisms.gatekeeper import hook_client
+from proctor.mechanisms.gatekeeper import service as gatekeeper
+from proctor.mechanisms.gatekeeper.service import ClaudeDialect, GateService, default_task
+from proctor.mechanisms.ledger.store import Ledger
+from proctor.mechanisms.policy.trusted import Policy
 
 PYTHON = os.path.realpath(sys.executable)
 
@@ -170,9 +170,9 @@ def test_the_compiled_client_with_its_gate_gone_denies(tmp_path):
 HOST = r"""
 import json, sys, time
 from pathlib import Path
-from proctor.job.gatekeeper import ClaudeDialect, GateService, default_task
-from proctor.ledger import Ledger
-from proctor.policy.trusted import Policy
+from proctor.mechanisms.gatekeeper.service import ClaudeDialect, GateService, default_task
+from proctor.mechanisms.ledger.store import Ledger
+from proctor.mechanisms.policy.trusted import Policy
 tmp = Path(sys.argv[1])
 work = tmp / "work"
 work.mkdir()

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from conftest import Clock
 
-from proctor.adapters.output import Usage
+from proctor.mechanisms.adapters.output import Usage
 from proctor.contract import Code
-from proctor.policy.budget import PERIODS, BudgetTable
-from proctor.policy.governor import Booking, Denial, UsageGovernor, iso, key_for
-from proctor.policy.tally import SqliteTally, Tally, Versioned
-from proctor.policy.trusted import Policy, PolicyError
+from proctor.mechanisms.policy.budget import PERIODS, BudgetTable
+from proctor.mechanisms.policy.governor import Booking, Denial, UsageGovernor, iso, key_for
+from proctor.mechanisms.policy.tally import SqliteTally, Tally, Versioned
+from proctor.mechanisms.policy.trusted import Policy, PolicyError
 
 HOUR = PERIODS["hour"]
 T0 = 1_796_256_000.0 + 600  # 2026-12-03 00:10 UTC: 10 minutes into an hour and a day
@@ -118,7 +118,7 @@ def test_a_run_that_never_launched_gives_its_booking_back(tally, clock):
 
 
 def test_a_cost_stated_without_tokens_keeps_the_token_estimate(tally, clock):
-    from proctor.adapters.output import _claude_usage
+    from proctor.mechanisms.adapters.output import _claude_usage
 
     gov = governor(tally, clock, budget("t", agent="claude", tokens_per_hour=10_000, tokens_per_run=4_000))
     stated = _claude_usage({"total_cost_usd": 0.25})  # no `usage` object in the result event

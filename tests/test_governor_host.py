@@ -16,12 +16,12 @@ import pytest
 from click.testing import CliRunner
 from conftest import make_repo
 
-from proctor.cli import main
-from proctor.config import load_config
+from proctor.surfaces.cli import main
+from proctor.mechanisms.config.load import load_config
 from proctor.contract import Code, RunAgentRequest, Status
-from proctor.job.host import run_agent
-from proctor.ledger import Ledger
-from proctor.testing import Behaviour
+from proctor.services.job.run_agent import run_agent
+from proctor.mechanisms.ledger.store import Ledger
+from proctor.mechanisms.adapters.testing import Behaviour
 
 SAMPLES = Path(__file__).parent / "samples"
 CLAUDE = (SAMPLES / "claude-2.1.197-stream.jsonl").read_text()
@@ -101,7 +101,7 @@ def test_the_cli_says_a_denial_is_a_refusal(tmp_path, fake, proctor_home):
     claude = fake("claude", Behaviour(writes=WRITES))
 
     def cli(repo: Path) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-c", "from proctor.cli import main; main()", "run-agent",
+        return subprocess.run([sys.executable, "-c", "from proctor.surfaces.cli import main; main()", "run-agent",
                                "--agent", "claude", "--task", "t", "--repo", str(repo), "--ticket", "T1",
                                "--validate-cmd", "true"], capture_output=True, text=True, timeout=120)
 
@@ -209,7 +209,7 @@ def test_a_malformed_budget_refuses_the_job_and_the_usage_command_clearly(tmp_pa
     bad = run_agent(request(make_repo(tmp_path / "b")))
     assert bad.status is Status.failed and bad.code is Code.CONFIG_INVALID and len(claude.calls()) == 1
     assert "budgets.team: tokens_per_hour needs tokens_per_run" in bad.summary, bad.summary
-    res = subprocess.run([sys.executable, "-c", "from proctor.cli import main; main()", "usage"],
+    res = subprocess.run([sys.executable, "-c", "from proctor.surfaces.cli import main; main()", "usage"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.startswith("proctor: usage refused (CONFIG_INVALID): policy "), res.stderr

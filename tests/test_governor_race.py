@@ -17,18 +17,18 @@ from pathlib import Path
 import pytest
 
 from proctor.contract import Code, Status
-from proctor.policy.budget import BudgetTable
-from proctor.policy.governor import Booking, Denial, UsageGovernor, key_for
-from proctor.policy.tally import BUCKET, KvTally, SqliteTally, TallyError
-from proctor.queue import sender, server
-from proctor.queue.jetstream import JetStreamBackend
-from proctor.queue.signers import load_trust
-from proctor.queue.testing import nkey_user, trusted_home
-from proctor.testing import Behaviour, FakeAgent
+from proctor.mechanisms.policy.budget import BudgetTable
+from proctor.mechanisms.policy.governor import Booking, Denial, UsageGovernor, key_for
+from proctor.mechanisms.policy.tally import BUCKET, KvTally, SqliteTally, TallyError
+from proctor.mechanisms.queue import sender, server
+from proctor.mechanisms.queue.jetstream import JetStreamBackend
+from proctor.mechanisms.queue.signers import load_trust
+from proctor.mechanisms.queue.testing import nkey_user, trusted_home
+from proctor.mechanisms.adapters.testing import Behaviour, FakeAgent
 
 ROUNDS = 50
 LIMIT = 3  # each round's budget: LIMIT - 1 units booked before the race, the racers want the last one
-PROCTOR = [sys.executable, "-c", "from proctor.cli import main; main()"]
+PROCTOR = [sys.executable, "-c", "from proctor.surfaces.cli import main; main()"]
 
 
 # These runs count in the real clock's hour (conftest.clear_of_the_hour).
@@ -231,7 +231,7 @@ def test_a_hosts_nkey_user_may_book_on_the_tally_and_only_through_its_permission
         if os.environ.get("CI") == "true":
             pytest.fail("the nkeys package is missing (pip install nkeys): CI must run this")
         pytest.skip("nats-py needs the `nkeys` package for NKEY auth")
-    from proctor.queue.jetstream import host_permissions
+    from proctor.mechanisms.queue.jetstream import host_permissions
 
     admin_seed, admin_pub = nkey_user(tmp_path, "admin")
     a_seed, a_pub = nkey_user(tmp_path, "hostA")

@@ -1,4 +1,4 @@
-"""Usage read from each CLI's own output (the readers of proctor.adapters.output): the real claude, codex and
+"""Usage read from each CLI's own output (the readers of proctor.mechanisms.adapters.output): the real claude, codex and
 gemini output in tests/samples, a field of the protocol only (never prose), values that are not counts
 ignored, and None whenever the CLI did not say."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from proctor.adapters.output import READERS, Usage
+from proctor.mechanisms.adapters.output import READERS, Usage
 
 SAMPLES = Path(__file__).parent / "samples"
 

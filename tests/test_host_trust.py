@@ -22,8 +22,8 @@ import pytest
 
 from conftest import make_repo, sh
 from proctor import RunAgentRequest, Status, run_agent
-from proctor.config import load_config
-from proctor.confine import detect
+from proctor.mechanisms.config.load import load_config
+from proctor.mechanisms.confine import detect
 from proctor.contract import Code
 
 CAPS = detect()
@@ -391,7 +391,7 @@ def test_version_probe_runs_confined_what_a_job_rewrote_in_its_state_dir(tmp_pat
                    'network = false\nstate_dirs = ["~/.fakecli"]\nversion_args = ["--version"]\n')
     req = RunAgentRequest(agent="fakecli", task="t", repo=str(repo), ticket="T", validateCommand="true")
     first = run_agent(req, config=load_config(cfg))
-    # A job's state dir is its own copy (proctor.job.sandbox_home): the CLI in the user's is read-only to it.
+    # A job's state dir is its own copy (proctor.services.job.sandbox_home): the CLI in the user's is read-only to it.
     assert first.agent_version == "1.0.0" and exe.read_text() == original, first
     # Rewritten all the same (by something else than a job): the next probe runs it, confined.
     exe.write_text(evil)
@@ -486,7 +486,7 @@ def _tcp_server(reply: bytes):
 
 @needs_confinement
 def test_network_is_the_declared_hosts_through_the_proxy_and_each_connect_is_a_row(tmp_path):
-    from proctor.ledger import Ledger
+    from proctor.mechanisms.ledger.store import Ledger
 
     model, model_hits = _tcp_server(b"pong from the model\n")
     nats, nats_hits = _tcp_server(b"INFO {}\n")

@@ -1,4 +1,4 @@
-"""The HTTP guard (`proctor.api.guard`) against hostile clients, on real processes: the API runs in its own
+"""The HTTP guard (`proctor.surfaces.api.guard`) against hostile clients, on real processes: the API runs in its own
 Python process under uvicorn (`guard.server_config` with short deadlines and a small body cap), the clients
 are raw sockets and httpx in this one, and the server's memory and descriptors are read with psutil.
 
@@ -28,8 +28,8 @@ import httpx
 import psutil
 import pytest
 
-from proctor.queue import keys, sender, server
-from proctor.queue.testing import trusted_home
+from proctor.mechanisms.queue import keys, sender, server
+from proctor.mechanisms.queue.testing import trusted_home
 
 HOST = "guardhost"
 ALLOWED = "proctor.example"  # the operator's extra name (`--allow-host`)
@@ -44,11 +44,11 @@ SERVER = r"""
 import json, resource, socket, sys
 from pathlib import Path
 import uvicorn
-from proctor.api.app import create_app
-from proctor.api.guard import HttpLimits, server_config
-from proctor.queue.memory import MemoryBackend
-from proctor.queue.sent import SentStore
-from proctor.queue.signers import load_trust
+from proctor.surfaces.api.app import create_app
+from proctor.surfaces.api.guard import HttpLimits, server_config
+from proctor.mechanisms.queue.memory import MemoryBackend
+from proctor.mechanisms.queue.sent import SentStore
+from proctor.mechanisms.queue.signers import load_trust
 
 spec = json.loads(sys.argv[1])
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -14,17 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from proctor import confine
-from proctor.cli.review import _ended_as
-from proctor.config import ConfigError, key_lines, load_config
+from proctor.mechanisms import confine
+from proctor.surfaces.cli.review import _ended_as
+from proctor.mechanisms.config.load import ConfigError, key_lines, load_config
 from proctor.contract import Code, RunAgentRequest, Status
-from proctor.job.attempts import exec_missing, missing_program, run_attempts, tmpfs_hint
-from proctor.job.host import run_agent
-from proctor.job.process import Exit, Spawn
-from proctor.progress import NullProgress
-from proctor.review import gc as gc_mod
-from proctor.review.jobs import Job
-from proctor.testing import Behaviour
+from proctor.services.job.attempts import exec_missing, missing_program, run_attempts, tmpfs_hint
+from proctor.services.job.run_agent import run_agent
+from proctor.mechanisms.process.local import Exit, Spawn
+from proctor.services.job.progress import NullProgress
+from proctor.services.review import gc as gc_mod
+from proctor.services.review.jobs import Job
+from proctor.mechanisms.adapters.testing import Behaviour
 
 PROCTOR = str(Path(sys.executable).with_name("proctor"))
 PYDANTIC_WORDS = ("Input should be", "Extra inputs are not permitted", "Field required", "Value error")
@@ -201,7 +201,7 @@ class _Runner:
 
 
 def _attempts(tmp_path: Path, runner: _Runner, argv: list[str], path: str) -> object:
-    from proctor.config import builtin_agents
+    from proctor.mechanisms.config.load import builtin_agents
 
     spec = builtin_agents()["patch"].model_copy(update={"command": (sys.executable, "{prompt}"), "retry": True})
     return run_attempts(spec=spec, argv=argv, stdin=None, env={"PATH": path}, cwd=tmp_path, runner=runner,
@@ -331,7 +331,7 @@ def test_an_empty_repo_is_named_as_one(tmp_path, fake):
 
 
 def test_a_step_killed_by_a_signal_says_so_not_a_negative_exit():
-    from proctor.job.validate import Attempt
+    from proctor.mechanisms.validation.plan import Attempt
 
     assert Attempt("pytest", -15, False).line(60) == "pytest => killed by signal 15"
     assert Attempt("pytest", 1, False).line(60) == "pytest => exit 1"  # control

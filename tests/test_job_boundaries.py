@@ -19,11 +19,11 @@ from test_real_cli_jobs import (  # at import: its CLI cache is the real HOME's,
     run_job,
 )
 
-from proctor.config import load_config
-from proctor.confine import detect
+from proctor.mechanisms.config.load import load_config
+from proctor.mechanisms.confine import detect
 from proctor.contract import Code, RunAgentRequest, Status
-from proctor.job.host import run_agent
-from proctor.testing import Behaviour
+from proctor.services.job.run_agent import run_agent
+from proctor.mechanisms.adapters.testing import Behaviour
 
 CAPS = detect()
 CI = os.environ.get("CI") == "true"
@@ -224,7 +224,7 @@ def test_state_growth_counts_toward_the_disk_limit(repo, tmp_path, fake_bin):
 
 
 def test_a_state_dir_over_the_copy_cap_is_refused(repo, tmp_path, fake, monkeypatch):
-    from proctor.job import sandbox_home
+    from proctor.services.job import sandbox_home
 
     monkeypatch.setattr(sandbox_home, "COPY_CAP", 1 << 20)
     home = Path(os.environ["HOME"])

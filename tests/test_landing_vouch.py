@@ -2,7 +2,7 @@
 
 The host keeps the index its own checkout wrote (each file's stat right after git wrote it) and a stamp; at
 landing a file is taken as the base's without reading it only when its device, inode, mode, size, mtime and
-ctime are the recorded ones to the nanosecond and its recorded ctime is before the stamp (proctor.job.vouch).
+ctime are the recorded ones to the nanosecond and its recorded ctime is before the stamp (proctor.mechanisms.git.vouch).
 Each hostile test does what it says first (its control: the size and mtime an agent can fake are the
 recorded ones), then shows the change is in the job's tree all the same. The parity tests hold the tree and
 the checkout built from the record against the ones built by hashing every file (`git add --all`, as before).
@@ -23,8 +23,8 @@ import pytest
 
 from conftest import make_repo, sh
 from proctor import RunAgentRequest, Status, run_agent
-from proctor.config import load_config
-from proctor.job import landing, vouch, worktree
+from proctor.mechanisms.config.load import load_config
+from proctor.mechanisms.git import landing, vouch, worktree
 
 PY_REPO = {"pyproject.toml": "[project]\nname = 'calc'\nversion = '0'\n",
            "calc.py": "def add(a, b):\n    return a - b\n",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from proctor.ledger import GENESIS, LEDGER_FILE, MIGRATIONS, Entry, Ledger, LedgerTampered, row_hash
+from proctor.mechanisms.ledger.store import GENESIS, LEDGER_FILE, MIGRATIONS, Entry, Ledger, LedgerTampered, row_hash
 
 SQLITE3 = shutil.which("sqlite3")
 needs_sqlite3 = pytest.mark.skipif(SQLITE3 is None, reason="the sqlite3 CLI is not installed (apt-get install sqlite3)")
@@ -122,7 +122,7 @@ def test_threads_share_one_ledger(ledger):
 
 def test_processes_share_one_file(tmp_path):
     path = tmp_path / LEDGER_FILE
-    code = ("import sys; from proctor.ledger import Ledger\n"
+    code = ("import sys; from proctor.mechanisms.ledger.store import Ledger\n"
             "led = Ledger(sys.argv[1])\n"
             "[led.append('p', {'pid': sys.argv[2], 'i': i}) for i in range(30)]\n")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(path), str(n)]) for n in range(3)]
@@ -223,7 +223,7 @@ def test_closed_ledger_refuses(tmp_path):
 
 KILLED_MID_APPEND = """
 import os, sys
-from proctor import ledger as L
+from proctor.mechanisms.ledger import store as L
 real = os.replace
 def replace(src, dst):
     real(src, dst)

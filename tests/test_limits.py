@@ -15,12 +15,12 @@ import pytest
 from conftest import UNCONFINED, make_repo
 
 from proctor import RunAgentRequest, Status, run_agent
-from proctor.config import ConfigError, LimitsSettings, load_config, parse_size
+from proctor.mechanisms.config.load import ConfigError, LimitsSettings, load_config, parse_size
 from proctor.contract import Code
-from proctor.job import cgroup
-from proctor.job.cgroup import Limits
-from proctor.job.process import Limited, LocalRunner, Spawn
-from proctor.policy.stop import StopSwitch
+from proctor.mechanisms.confine import cgroup
+from proctor.mechanisms.confine.cgroup import Limits
+from proctor.mechanisms.process.local import Limited, LocalRunner, Spawn
+from proctor.mechanisms.policy.stop import StopSwitch
 
 PY = sys.executable
 MIB = 1 << 20

@@ -31,7 +31,7 @@ from mcp import Client, StdioServerParameters
 
 from conftest import make_repo, sh
 from modelserver import McpCalls, McpScriptedModel
-from proctor.testing import Behaviour
+from proctor.mechanisms.adapters.testing import Behaviour
 
 PATCH = "--- a/README.md\n+++ b/README.md\n@@ -1 +1,2 @@\n hello\n+world\n"
 BAD_PATCH = "--- a/README.md\n+++ b/README.md\n@@ -1 +1,2 @@\n no such line\n+world\n"
@@ -44,7 +44,7 @@ CI = os.environ.get("CI") == "true"
 
 def proctor_cmd() -> list[str]:
     script = Path(sys.executable).parent / "proctor"
-    return [str(script)] if script.exists() else [sys.executable, "-c", "from proctor.cli import main; main()"]
+    return [str(script)] if script.exists() else [sys.executable, "-c", "from proctor.surfaces.cli import main; main()"]
 
 
 # These tests use the whole surface: the review verbs and validateCommand are granted, as a person would

@@ -20,12 +20,12 @@ from mcp import Client
 from test_mcp import params
 
 from proctor.contract import RunAgentRequest
-from proctor.ledger import Ledger
-from proctor.mcp_server import Grants, bad_strings, over_privileged
-from proctor.queue import sender
-from proctor.queue.listener import Accepted, check_envelope
-from proctor.queue.signers import load_trust
-from proctor.queue.testing import trusted_home
+from proctor.mechanisms.ledger.store import Ledger
+from proctor.surfaces.mcp.server import Grants, bad_strings, over_privileged
+from proctor.mechanisms.queue import sender
+from proctor.services.listen.listener import Accepted, check_envelope
+from proctor.mechanisms.queue.signers import load_trust
+from proctor.mechanisms.queue.testing import trusted_home
 
 BASE = {"agent": "patch", "task": "t", "repo": "/tmp/r", "ticket": "T-1"}
 ASKS = {
@@ -39,7 +39,7 @@ ASKS = {
 
 
 def queue_verdict(home: Path, signer: str, payload: dict) -> str:
-    key = __import__("proctor.queue.keys", fromlist=["load"]).load(signer, home)
+    key = __import__("proctor.mechanisms.queue.keys", fromlist=["load"]).load(signer, home)
     (sealed,) = sender.build(targets=["h"], kind="run_agent", lane="default", payload=payload, signer=key)
     got = check_envelope(sealed.to_wire(), trust=load_trust(home), host="h", lane="default",
                          kinds=frozenset({"run_agent"}), now=time.time(), skew_s=60, confine="required")
@@ -137,7 +137,7 @@ def test_bad_strings_are_found_wherever_they_are():
 
 
 def test_mcp_text_shows_bidi_and_controls_escaped():
-    from proctor.mcp_server import ok_result
+    from proctor.surfaces.mcp.server import ok_result
 
     res = ok_result({"files": ["notes\u202etxt.sh"], "name": "café"})
     assert "\u202e" not in res.content[0].text and "\\u202e" in res.content[0].text

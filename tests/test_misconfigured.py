@@ -9,8 +9,8 @@ import json
 import pytest
 
 from proctor.contract import Code, RunAgentRequest, Status
-from proctor.job.host import run_agent
-from proctor.testing import Behaviour
+from proctor.services.job.run_agent import run_agent
+from proctor.mechanisms.adapters.testing import Behaviour
 
 
 def req(repo, agent: str) -> RunAgentRequest:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from proctor.cli import main
-from proctor.ledger import Ledger
+from proctor.surfaces.cli import main
+from proctor.mechanisms.ledger.store import Ledger
 
 PROCTOR = Path(sys.executable).with_name("proctor")
 

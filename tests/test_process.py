@@ -17,9 +17,9 @@ import psutil
 import pytest
 from conftest import wait_until
 
-from proctor.job import cgroup
-from proctor.job.cgroup import Limits
-from proctor.job.process import LocalRunner, Spawn, Tail
+from proctor.mechanisms.confine import cgroup
+from proctor.mechanisms.confine.cgroup import Limits
+from proctor.mechanisms.process.local import LocalRunner, Spawn, Tail
 
 PY = sys.executable
 CGROUP = cgroup.parent_dir() is not None

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from proctor.testing import Behaviour
+from proctor.mechanisms.adapters.testing import Behaviour
 
 PROCTOR = str(Path(sys.executable).with_name("proctor"))
 

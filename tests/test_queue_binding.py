@@ -18,15 +18,15 @@ import pytest
 from nats.js.errors import NoKeysError
 
 from proctor.contract import Code, Status
-from proctor.ledger import Ledger
-from proctor.queue import keys, sender
-from proctor.queue.backend import message_id
-from proctor.queue.envelope import EnvelopeError, envelope_digest, job_fields, seal
-from proctor.queue.jetstream import JetStreamBackend
-from proctor.queue.results import SignedResult
-from proctor.queue.sent import SentStore
-from proctor.queue.signers import load_trust
-from proctor.queue.testing import (
+from proctor.mechanisms.ledger.store import Ledger
+from proctor.mechanisms.queue import keys, sender
+from proctor.mechanisms.queue.backend import message_id
+from proctor.mechanisms.queue.envelope import EnvelopeError, envelope_digest, job_fields, seal
+from proctor.mechanisms.queue.jetstream import JetStreamBackend
+from proctor.mechanisms.queue.results import SignedResult
+from proctor.mechanisms.queue.sent import SentStore
+from proctor.mechanisms.queue.signers import load_trust
+from proctor.mechanisms.queue.testing import (
     PROCTOR_CLI,
     Listeners,
     read_probe,
@@ -313,7 +313,7 @@ def test_a_copy_of_a_queued_job_on_another_lane_does_not_answer_it(nats_url, fle
                 return [k for k in keys if k.startswith(f"{host}.{real.job_id}.misrouted-")]
 
             (key,) = await wait_until(misrouted, 30, "the copy's refusal")
-            from proctor.queue.results import open_result
+            from proctor.mechanisms.queue.results import open_result
 
             copy = open_result(await b.get_result(key), trust, host=host, job_id=real.job_id, envelope=real.digest)
             got = await sender.wait(b, trust, real, 60)

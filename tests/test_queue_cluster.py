@@ -12,10 +12,10 @@ import time
 import pytest
 
 from proctor.contract import Status
-from proctor.queue import sender, server
-from proctor.queue.jetstream import BUCKETS, STREAM, JetStreamBackend, consumer_name
-from proctor.queue.signers import load_trust
-from proctor.queue.testing import (
+from proctor.mechanisms.queue import sender, server
+from proctor.mechanisms.queue.jetstream import BUCKETS, STREAM, JetStreamBackend, consumer_name
+from proctor.mechanisms.queue.signers import load_trust
+from proctor.mechanisms.queue.testing import (
     Listeners,
     overlapping_runs,
     read_probe,
@@ -24,7 +24,7 @@ from proctor.queue.testing import (
     write_agent_config,
     write_probe_agent,
 )
-from proctor.queue.testing import runs_started as starts
+from proctor.mechanisms.queue.testing import runs_started as starts
 
 ACK_WAIT = 30.0  # the lease: a failover (seconds) must not cost the running job its lease (0.6 of this)
 

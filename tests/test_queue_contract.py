@@ -11,15 +11,15 @@ import time
 from contextlib import asynccontextmanager
 
 from proctor.contract import Code, RunAgentResult, Status
-from proctor.ledger import Ledger
-from proctor.queue import sender
-from proctor.queue.envelope import EnvelopeError, canonical_json, envelope_digest, job_fields, seal
-from proctor.queue.jetstream import JetStreamBackend, job_subject
-from proctor.queue.kinds import NoopRunner
-from proctor.queue.listener import Listener, Settings
-from proctor.queue.signers import load_trust
-from proctor.queue.store import JobStore
-from proctor.queue.testing import trusted_home
+from proctor.mechanisms.ledger.store import Ledger
+from proctor.mechanisms.queue import sender
+from proctor.mechanisms.queue.envelope import EnvelopeError, canonical_json, envelope_digest, job_fields, seal
+from proctor.mechanisms.queue.jetstream import JetStreamBackend, job_subject
+from proctor.services.listen.kinds import NoopRunner
+from proctor.services.listen.listener import Listener, Settings
+from proctor.mechanisms.queue.signers import load_trust
+from proctor.mechanisms.queue.store import JobStore
+from proctor.mechanisms.queue.testing import trusted_home
 
 PAYLOAD = {"agent": "fake", "task": "do it", "repo": "/tmp/r", "ticket": "T-1"}
 _hosts = itertools.count()
@@ -50,7 +50,7 @@ class RecordingRunner:
 @asynccontextmanager
 async def listening(url, home, host, runner, *, count=1, ack_wait=2.0):
     th_trust = load_trust(home)
-    from proctor.queue import keys
+    from proctor.mechanisms.queue import keys
 
     backends, tasks, stop = [], [], asyncio.Event()
     for _ in range(count):
@@ -99,7 +99,7 @@ def test_each_bad_job_is_refused_recorded_and_answered_and_each_control_runs(nat
                 if fields["target"] != subject_host:
                     # Mistargeted: the sender's own envelope names another host, so no answer from this one
                     # is ever accepted as its result; read the refusal this host signed, bound to the envelope.
-                    from proctor.queue.results import open_result
+                    from proctor.mechanisms.queue.results import open_result
 
                     raw = await client.wait_result(f"{subject_host}.{fields['jobId']}", 10)
                     return open_result(raw, trust, host=subject_host, job_id=fields["jobId"],
@@ -135,7 +135,7 @@ def test_each_bad_job_is_refused_recorded_and_answered_and_each_control_runs(nat
                     break
                 await asyncio.sleep(0.05)
             assert replay_key is not None, "the replay was never answered"
-            from proctor.queue.results import open_result
+            from proctor.mechanisms.queue.results import open_result
 
             out["replayed"] = open_result(await client.get_result(replay_key), trust, host=host, job_id=f["jobId"],
                                           envelope=envelope_digest(s.body))

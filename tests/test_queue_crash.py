@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from proctor.contract import Code, Status
-from proctor.ledger import Ledger
-from proctor.queue import sender
-from proctor.queue.jetstream import JetStreamBackend
-from proctor.queue.signers import load_trust
-from proctor.queue.testing import (
+from proctor.mechanisms.ledger.store import Ledger
+from proctor.mechanisms.queue import sender
+from proctor.mechanisms.queue.jetstream import JetStreamBackend
+from proctor.mechanisms.queue.signers import load_trust
+from proctor.mechanisms.queue.testing import (
     PROCTOR_CLI,
     Listeners,
     overlapping_runs,
@@ -31,7 +31,7 @@ from proctor.queue.testing import (
     write_agent_config,
     write_probe_agent,
 )
-from proctor.queue.testing import runs_started as starts
+from proctor.mechanisms.queue.testing import runs_started as starts
 
 ACK_WAIT = 3.0
 

@@ -19,23 +19,23 @@ import httpx
 import pytest
 from conftest import serve_in_thread
 
-from proctor.api.app import create_app
-from proctor.api.reads import sign_read
-from proctor.ledger import Ledger
-from proctor.queue import keys, sender
-from proctor.queue.backend import message_id
-from proctor.queue.envelope import envelope_digest, job_fields, seal
-from proctor.queue.jetstream import JetStreamBackend
-from proctor.queue.kinds import NoopRunner
-from proctor.queue.listener import Listener, Settings
-from proctor.queue.memory import MemoryBackend
-from proctor.queue.results import SignedResult
-from proctor.queue.sent import SentStore
-from proctor.queue.signers import load_trust
-from proctor.queue.store import JobStore
-from proctor.queue.testing import trusted_home
+from proctor.surfaces.api.app import create_app
+from proctor.surfaces.api.reads import sign_read
+from proctor.mechanisms.ledger.store import Ledger
+from proctor.mechanisms.queue import keys, sender
+from proctor.mechanisms.queue.backend import message_id
+from proctor.mechanisms.queue.envelope import envelope_digest, job_fields, seal
+from proctor.mechanisms.queue.jetstream import JetStreamBackend
+from proctor.services.listen.kinds import NoopRunner
+from proctor.services.listen.listener import Listener, Settings
+from proctor.mechanisms.queue.memory import MemoryBackend
+from proctor.mechanisms.queue.results import SignedResult
+from proctor.mechanisms.queue.sent import SentStore
+from proctor.mechanisms.queue.signers import load_trust
+from proctor.mechanisms.queue.store import JobStore
+from proctor.mechanisms.queue.testing import trusted_home
 
-PROCTOR = [sys.executable, "-c", "from proctor.cli import main; main()"]
+PROCTOR = [sys.executable, "-c", "from proctor.surfaces.cli import main; main()"]
 
 
 def noop(th, host: str, **over):

@@ -10,14 +10,14 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from proctor.cli import main
+from proctor.surfaces.cli import main
 from proctor.contract import RunAgentResult, Status
-from proctor.queue import keys, sender
-from proctor.queue.envelope import EnvelopeError, Opened, canonical_json, job_fields, seal, unseal, verify
-from proctor.queue.listener import Accepted, Refusal, Refused, check_envelope
-from proctor.queue.results import open_result, seal_result
-from proctor.queue.signers import TrustFileError, load_trust
-from proctor.queue.testing import trusted_home
+from proctor.mechanisms.queue import keys, sender
+from proctor.mechanisms.queue.envelope import EnvelopeError, Opened, canonical_json, job_fields, seal, unseal, verify
+from proctor.services.listen.listener import Accepted, Refusal, Refused, check_envelope
+from proctor.mechanisms.queue.results import open_result, seal_result
+from proctor.mechanisms.queue.signers import TrustFileError, load_trust
+from proctor.mechanisms.queue.testing import trusted_home
 
 PAYLOAD = {"agent": "fake", "task": "do it", "repo": "/tmp/r", "ticket": "T-1"}
 

@@ -1,4 +1,4 @@
-"""A fleet server as proctor.queue.fleet configures it: TLS for every client (a throw-away CA made with
+"""A fleet server as proctor.mechanisms.queue.fleet configures it: TLS for every client (a throw-away CA made with
 `cryptography`, client certificates required) and one NKEY user per host and per sender. Each refusal sits
 beside a control in which the same identity, or the one entitled to it, does the same thing."""
 
@@ -14,17 +14,17 @@ import time
 import nats
 import pytest
 
-from proctor.config import QueueSettings
+from proctor.mechanisms.config.load import QueueSettings
 from proctor.contract import Code
-from proctor.queue import connection, sender
-from proctor.queue.backend import record_key
-from proctor.queue.fleet import sender_permissions
-from proctor.queue.jetstream import STREAM, JetStreamBackend
-from proctor.queue.signers import load_trust
-from proctor.queue.testing import start_fleet, read_probe, throwaway_ca, trusted_home, write_probe_agent
+from proctor.mechanisms.queue import connection, sender
+from proctor.mechanisms.queue.backend import record_key
+from proctor.mechanisms.queue.fleet import sender_permissions
+from proctor.mechanisms.queue.jetstream import STREAM, JetStreamBackend
+from proctor.mechanisms.queue.signers import load_trust
+from proctor.mechanisms.queue.testing import start_fleet, read_probe, throwaway_ca, trusted_home, write_probe_agent
 
 nkeys = pytest.importorskip("nkeys")
-PROCTOR = [sys.executable, "-c", "from proctor.cli import main; main()"]
+PROCTOR = [sys.executable, "-c", "from proctor.surfaces.cli import main; main()"]
 pytestmark = pytest.mark.timeout(120)
 
 

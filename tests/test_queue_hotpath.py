@@ -11,18 +11,18 @@ import json
 import sqlite3
 
 from proctor.contract import RunAgentResult, Status
-from proctor.ledger import Ledger
-from proctor.queue import keys, sender
-from proctor.queue.audit import BatchedAudit
-from proctor.queue.backend import record_key
-from proctor.queue.envelope import envelope_digest, job_fields, seal
-from proctor.queue.kinds import NoopRunner
-from proctor.queue.listener import Listener, Settings
-from proctor.queue.memory import MemoryBackend
-from proctor.queue.results import open_result
-from proctor.queue.signers import load_trust
-from proctor.queue.store import JobStore
-from proctor.queue.testing import TrustedHome, trusted_home
+from proctor.mechanisms.ledger.store import Ledger
+from proctor.mechanisms.queue import keys, sender
+from proctor.services.listen.audit import BatchedAudit
+from proctor.mechanisms.queue.backend import record_key
+from proctor.mechanisms.queue.envelope import envelope_digest, job_fields, seal
+from proctor.services.listen.kinds import NoopRunner
+from proctor.services.listen.listener import Listener, Settings
+from proctor.mechanisms.queue.memory import MemoryBackend
+from proctor.mechanisms.queue.results import open_result
+from proctor.mechanisms.queue.signers import load_trust
+from proctor.mechanisms.queue.store import JobStore
+from proctor.mechanisms.queue.testing import TrustedHome, trusted_home
 
 
 def on_loop() -> bool:
@@ -289,7 +289,7 @@ def test_a_commit_returns_only_once_its_rows_are_in_the_ledger_and_shares_one_wr
 def test_a_sent_record_is_created_in_one_write_and_replaced_whole(tmp_path):
     """A new job id's record is created with O_EXCL; one that exists (the same envelope sent again, or anything
     left at its path) is replaced through a temp file, never written through."""
-    from proctor.queue.sent import SentJob, SentStore
+    from proctor.mechanisms.queue.sent import SentJob, SentStore
 
     store = SentStore(tmp_path)
     store.put(SentJob("j1", "h", "default", "noop", "a" * 64, "k", 1.0))

@@ -12,7 +12,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-PROCTOR = [sys.executable, "-c", "from proctor.cli import main; main()"]
+PROCTOR = [sys.executable, "-c", "from proctor.surfaces.cli import main; main()"]
 HOST = "keyshost"
 
 

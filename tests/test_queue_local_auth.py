@@ -10,9 +10,9 @@ import stat
 import nats
 import pytest
 
-from proctor.config import QueueSettings
-from proctor.queue import connection, server
-from proctor.queue.jetstream import STREAM, JetStreamBackend
+from proctor.mechanisms.config.load import QueueSettings
+from proctor.mechanisms.queue import connection, server
+from proctor.mechanisms.queue.jetstream import STREAM, JetStreamBackend
 
 
 @pytest.fixture

@@ -8,14 +8,14 @@ import json
 import pytest
 
 from proctor.contract import Status
-from proctor.ledger import Ledger
-from proctor.queue import sender, server
-from proctor.queue.jetstream import BUCKETS, STREAM, JetStreamBackend, host_permissions
-from proctor.queue.kinds import NoopRunner
-from proctor.queue.listener import Listener, Settings
-from proctor.queue.signers import load_trust
-from proctor.queue.store import JobStore
-from proctor.queue.testing import nkey_user, trusted_home
+from proctor.mechanisms.ledger.store import Ledger
+from proctor.mechanisms.queue import sender, server
+from proctor.mechanisms.queue.jetstream import BUCKETS, STREAM, JetStreamBackend, host_permissions
+from proctor.services.listen.kinds import NoopRunner
+from proctor.services.listen.listener import Listener, Settings
+from proctor.mechanisms.queue.signers import load_trust
+from proctor.mechanisms.queue.store import JobStore
+from proctor.mechanisms.queue.testing import nkey_user, trusted_home
 
 nkeys = pytest.importorskip("nkeys", reason="nats-py needs the `nkeys` package for NKEY auth")
 

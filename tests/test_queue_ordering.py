@@ -9,16 +9,16 @@ import asyncio
 import json
 import threading
 
-from proctor.ledger import Ledger
-from proctor.queue import keys, sender
-from proctor.queue.audit import BatchedAudit
-from proctor.queue.envelope import job_fields, seal
-from proctor.queue.kinds import NoopRunner
-from proctor.queue.listener import Listener, Settings
-from proctor.queue.memory import MemoryBackend
-from proctor.queue.signers import load_trust
-from proctor.queue.store import JobStore
-from proctor.queue.testing import trusted_home
+from proctor.mechanisms.ledger.store import Ledger
+from proctor.mechanisms.queue import keys, sender
+from proctor.services.listen.audit import BatchedAudit
+from proctor.mechanisms.queue.envelope import job_fields, seal
+from proctor.services.listen.kinds import NoopRunner
+from proctor.services.listen.listener import Listener, Settings
+from proctor.mechanisms.queue.memory import MemoryBackend
+from proctor.mechanisms.queue.signers import load_trust
+from proctor.mechanisms.queue.store import JobStore
+from proctor.mechanisms.queue.testing import trusted_home
 
 
 class Snapshotting(MemoryBackend):

@@ -16,19 +16,19 @@ import pytest
 from click.testing import CliRunner
 from conftest import wait_until
 
-from proctor.cli import main
+from proctor.surfaces.cli import main
 from proctor.contract import Code, RunAgentResult, Status, parse_request
-from proctor.ledger import Ledger
-from proctor.ledger import canonical_json as ledger_canonical_json
-from proctor.queue import envelope, keys, sender, server
-from proctor.queue.envelope import job_fields, seal
-from proctor.queue.kinds import AgentJob, NoopRunner, ProcessAgentRunner
-from proctor.queue.listener import Accepted, Listener, Refusal, Refused, Settings, check_envelope
-from proctor.queue.memory import MemoryBackend, MemoryDelivery
-from proctor.queue.results import open_result
-from proctor.queue.signers import TrustFileError, load_trust
-from proctor.queue.store import JobStore
-from proctor.queue.testing import TrustedHome, trusted_home
+from proctor.mechanisms.ledger.store import Ledger
+from proctor.mechanisms.ledger.store import canonical_json as ledger_canonical_json
+from proctor.mechanisms.queue import envelope, keys, sender, server
+from proctor.mechanisms.queue.envelope import job_fields, seal
+from proctor.services.listen.kinds import AgentJob, NoopRunner, ProcessAgentRunner
+from proctor.services.listen.listener import Accepted, Listener, Refusal, Refused, Settings, check_envelope
+from proctor.mechanisms.queue.memory import MemoryBackend, MemoryDelivery
+from proctor.mechanisms.queue.results import open_result
+from proctor.mechanisms.queue.signers import TrustFileError, load_trust
+from proctor.mechanisms.queue.store import JobStore
+from proctor.mechanisms.queue.testing import TrustedHome, trusted_home
 
 PAYLOAD = {"agent": "fake", "task": "do it", "repo": "/tmp/r", "ticket": "T-1"}
 
@@ -134,7 +134,7 @@ def test_corrupt_host_key_is_a_trust_file_error_and_a_clear_exit(proctor_home):
 
 def test_job_on_an_unreachable_queue_fails_instead_of_hanging(proctor_home):
     trusted_home(proctor_home)
-    proc = subprocess.run([sys.executable, "-c", "from proctor.cli import main; main()", "job", "abc",
+    proc = subprocess.run([sys.executable, "-c", "from proctor.surfaces.cli import main; main()", "job", "abc",
                            "--queue", "nats://127.0.0.1:1"],
                           capture_output=True, text=True, timeout=30,
                           env={**os.environ, "PROCTOR_HOME": str(proctor_home)})
@@ -162,7 +162,7 @@ def test_enqueue_publish_failure_is_a_clear_error_and_the_control_enqueues(proct
     payload.write_text(json.dumps(PAYLOAD))
     args = ["enqueue", "--targets", "hostA", "--payload-file", str(payload), "--ttl", "60",
             "--queue", "nats://127.0.0.1:1"]
-    import proctor.cli.queue as cli_queue
+    import proctor.surfaces.cli.queue as cli_queue
 
     async def fake_connect(url, **_):
         return backend
@@ -437,7 +437,7 @@ def test_the_event_loop_never_waits_for_the_store_or_the_audit(proctor_home):
 # C5 -----------------------------------------------------------------------------------------------------------
 
 def test_a_runner_child_that_ignores_cancel_is_killed_after_the_grace(proctor_home, monkeypatch):
-    import proctor.queue.kinds as kinds
+    import proctor.services.listen.kinds as kinds
 
     real = asyncio.create_subprocess_exec
     script = {"code": ""}

@@ -9,9 +9,9 @@ import warnings
 
 import pytest
 
-from proctor.queue import connection, sender
-from proctor.queue.jetstream import JetStreamBackend
-from proctor.queue.testing import start_fleet, trusted_home
+from proctor.mechanisms.queue import connection, sender
+from proctor.mechanisms.queue.jetstream import JetStreamBackend
+from proctor.mechanisms.queue.testing import start_fleet, trusted_home
 
 pytest.importorskip("nkeys")
 

@@ -8,17 +8,17 @@ import json
 import os
 import time
 
-from proctor.ledger import Ledger
-from proctor.queue import sender
-from proctor.queue import sent as sent_mod
-from proctor.queue.envelope import EnvelopeError
-from proctor.queue.kinds import NoopRunner
-from proctor.queue.listener import Listener, Settings
-from proctor.queue.memory import MemoryBackend
-from proctor.queue.sent import KEEP_S, SentJob, SentStore
-from proctor.queue.signers import load_trust
-from proctor.queue.store import JobStore
-from proctor.queue.testing import trusted_home
+from proctor.mechanisms.ledger.store import Ledger
+from proctor.mechanisms.queue import sender
+from proctor.mechanisms.queue import sent as sent_mod
+from proctor.mechanisms.queue.envelope import EnvelopeError
+from proctor.services.listen.kinds import NoopRunner
+from proctor.services.listen.listener import Listener, Settings
+from proctor.mechanisms.queue.memory import MemoryBackend
+from proctor.mechanisms.queue.sent import KEEP_S, SentJob, SentStore
+from proctor.mechanisms.queue.signers import load_trust
+from proctor.mechanisms.queue.store import JobStore
+from proctor.mechanisms.queue.testing import trusted_home
 
 
 def listener_for(home, backend, th):

@@ -21,9 +21,9 @@ import nats
 import pytest
 from conftest import wait_until
 
-from proctor.config import QueueSettings
-from proctor.queue import connection, server
-from proctor.queue.jetstream import STREAM, JetStreamBackend
+from proctor.mechanisms.config.load import QueueSettings
+from proctor.mechanisms.queue import connection, server
+from proctor.mechanisms.queue.jetstream import STREAM, JetStreamBackend
 
 # Listens on the port it is given, greets like a NATS server (so a client goes on to send its CONNECT), and
 # appends every byte it receives to its log; `ready` is printed once it listens.

@@ -9,14 +9,14 @@ import sys
 import time
 
 from proctor.contract import Code, RunAgentResult, Status
-from proctor.ledger import Ledger
-from proctor.queue import sender
-from proctor.queue.listener import Listener, Settings
-from proctor.queue.memory import MemoryBackend
-from proctor.queue.results import open_result
-from proctor.queue.signers import load_trust
-from proctor.queue.store import ClaimOutcome, JobStore, Owner
-from proctor.queue.testing import trusted_home
+from proctor.mechanisms.ledger.store import Ledger
+from proctor.mechanisms.queue import sender
+from proctor.services.listen.listener import Listener, Settings
+from proctor.mechanisms.queue.memory import MemoryBackend
+from proctor.mechanisms.queue.results import open_result
+from proctor.mechanisms.queue.signers import load_trust
+from proctor.mechanisms.queue.store import ClaimOutcome, JobStore, Owner
+from proctor.mechanisms.queue.testing import trusted_home
 
 CLAIM = {"nonce": "n", "seq": 7, "lane": "default", "kind": "noop", "expires_at": time.time() + 600,
          "keep_until": time.time() + 660}
@@ -154,7 +154,7 @@ def test_cancel_flag_stops_a_running_job_with_code_cancelled(proctor_home):
 
 def test_replay_on_memory_backend_keeps_the_original_answer(proctor_home):
     async def go():
-        from proctor.queue.kinds import NoopRunner
+        from proctor.services.listen.kinds import NoopRunner
 
         backend = MemoryBackend()
         th, _, listener = make_listener(proctor_home, backend, NoopRunner())

@@ -37,7 +37,7 @@ from test_real_cli_jobs import (
     repo_state,
 )
 
-from proctor.config import builtin_agents
+from proctor.mechanisms.config.load import builtin_agents
 
 # codex's argv with the analytics switch removed: the control's adapter, as 0.171 ran before the switch.
 ANALYTICS = ("-c", "analytics.enabled=false")

@@ -37,9 +37,9 @@ import pytest
 
 from conftest import make_repo, sh
 from modelserver import ERROR_MARK, FINAL_TEXT, ScriptedModel, WriteFile
-from proctor.adapters.spec import Invocation, build, pool_key
-from proctor.config import ConfigError, builtin_agents, load_config
-from proctor.confine import detect
+from proctor.mechanisms.adapters.spec import Invocation, build, pool_key
+from proctor.mechanisms.config.load import ConfigError, builtin_agents, load_config
+from proctor.mechanisms.confine import detect
 
 CACHE = Path(os.environ.get("PROCTOR_CLI_CACHE") or Path.home() / ".cache" / "proctor" / "agent-clis")
 BIN = CACHE / "bin"
@@ -104,7 +104,7 @@ def need(cli: Cli) -> None:
 
 def proctor_cmd() -> list[str]:
     script = Path(sys.executable).parent / "proctor"
-    return [str(script)] if script.exists() else [sys.executable, "-c", "from proctor.cli import main; main()"]
+    return [str(script)] if script.exists() else [sys.executable, "-c", "from proctor.surfaces.cli import main; main()"]
 
 
 def repo_state(repo: Path) -> tuple[str, str, str]:

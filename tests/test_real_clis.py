@@ -12,7 +12,7 @@ the runs are offline and identical on a machine that does have network). What th
     flag IS rejected, with the very texts the acceptance check looks for, before any auth check; and the
     argv claude and gemini had before 2026-12-02 is rejected for a prompt that starts with "-".
 (b) that real offline failure, read by our reader and classifier, is neither `completed` nor
-    `rate_limited`; and through `proctor.job.host.run_agent` (built-in agent table, PATH = the cache bin dir,
+    `rate_limited`; and through `proctor.services.job.run_agent.run_agent` (built-in agent table, PATH = the cache bin dir,
     HOME empty) claude, gemini and grok end `failed` / AGENT_FAILED after the one retry, codex `timed_out`
     at the host's 60 s floor.
 
@@ -36,13 +36,13 @@ import psutil
 import pytest
 
 from conftest import make_repo, sh
-from proctor.adapters.output import READERS
-from proctor.adapters.spec import AdapterSpec, Invocation, build
-from proctor.job.classify import Patterns, classify
-from proctor.config import Config, builtin_agents, load_config
+from proctor.mechanisms.adapters.output import READERS
+from proctor.mechanisms.adapters.spec import AdapterSpec, Invocation, build
+from proctor.services.job.classify import Patterns, classify
+from proctor.mechanisms.config.load import Config, builtin_agents, load_config
 from proctor.contract import Code, RunAgentRequest, Status
-from proctor.job.host import run_agent
-from proctor.job.process import Exit, LocalRunner, Spawn
+from proctor.services.job.run_agent import run_agent
+from proctor.mechanisms.process.local import Exit, LocalRunner, Spawn
 
 pytestmark = pytest.mark.realcli
 

@@ -30,8 +30,8 @@ import pytest
 from review_site import PROCTOR, Server, free_port, run_job
 from test_review_browser import CHROMIUM_ARGS, chromium
 
-from proctor.testing import Behaviour
-from proctor.web.access import Access
+from proctor.mechanisms.adapters.testing import Behaviour
+from proctor.surfaces.web.access import Access
 
 # useradd/userdel lock /etc/passwd and fail at once on a held lock: one worker for them under xdist.
 pytestmark = pytest.mark.xdist_group("useradd")
@@ -183,7 +183,7 @@ def test_a_job_id_is_not_a_capability_another_user_reads_nothing(other_user, rep
 def test_a_sign_in_flood_is_limited_and_leaves_one_row_a_window(tmp_path):
     """300 wrong tokens as fast as one client sends them: 10 sign-in pages, 290 short 429s, one ledger row; the
     right token still signs in (every local user shares 127.0.0.1: a flood must not lock the reviewer out)."""
-    from proctor.ledger import Ledger
+    from proctor.mechanisms.ledger.store import Ledger
 
     server = Server()
     started = time.monotonic()

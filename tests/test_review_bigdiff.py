@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from review_site import Server, run_job
 
-from proctor.testing import Behaviour
+from proctor.mechanisms.adapters.testing import Behaviour
 
 BIG_BYTES = 39 * 1024 * 1024
 

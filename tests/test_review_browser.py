@@ -20,8 +20,8 @@ from conftest import sh
 from playwright.sync_api import expect
 from review_site import Server, run_job, start_job
 
-from proctor.ledger import Ledger
-from proctor.testing import Behaviour
+from proctor.mechanisms.ledger.store import Ledger
+from proctor.mechanisms.adapters.testing import Behaviour
 
 SHOTS = Path(os.environ.get("PROCTOR_SCREENSHOTS") or Path(__file__).resolve().parents[1] / ".artifacts/screenshots")
 CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",

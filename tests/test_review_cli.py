@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from conftest import sh, wait_until
-from proctor import confine
-from proctor.ledger import Ledger
-from proctor.testing import Behaviour
+from proctor.mechanisms import confine
+from proctor.mechanisms.ledger.store import Ledger
+from proctor.mechanisms.adapters.testing import Behaviour
 
 PROCTOR = Path(sys.executable).with_name("proctor")
 

@@ -12,8 +12,8 @@ from pathlib import Path
 from conftest import make_repo, sh
 
 from proctor.contract import Code, RunAgentRequest, Status
-from proctor.job.host import run_agent
-from proctor.testing import Behaviour
+from proctor.services.job.run_agent import run_agent
+from proctor.mechanisms.adapters.testing import Behaviour
 
 PROCTOR = str(Path(sys.executable).with_name("proctor"))
 OFF = "confinement is off by request: the agent and its validation ran unconfined"

@@ -16,10 +16,10 @@ import pytest
 from conftest import sh
 from review_site import PROCTOR, Server, run_job, start_job
 
-from proctor.ledger import Ledger
-from proctor.testing import Behaviour
-from proctor.web import patch
-from proctor.web.access import Access
+from proctor.mechanisms.ledger.store import Ledger
+from proctor.mechanisms.adapters.testing import Behaviour
+from proctor.surfaces.web import patch
+from proctor.surfaces.web.access import Access
 
 
 @pytest.fixture
@@ -310,8 +310,8 @@ def test_the_list_says_how_many_older_jobs_it_does_not_show(repo, fake, monkeypa
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from proctor.web import app as web_app
-    from proctor.web.access import Access
+    from proctor.surfaces.web import app as web_app
+    from proctor.surfaces.web.access import Access
 
     fake("claude", Behaviour(writes={"a.txt": "a\n"}))
     ids = [run_job(repo, f"T-{i}")["jobId"] for i in range(3)]

@@ -10,9 +10,9 @@ import pytest
 
 from conftest import UNCONFINED, make_repo, sh
 from proctor import RunAgentRequest, Status, run_agent
-from proctor.config import load_config
+from proctor.mechanisms.config.load import load_config
 from proctor.contract import Code
-from proctor.testing import Behaviour
+from proctor.mechanisms.adapters.testing import Behaviour
 
 
 def req(repo: Path, agent: str = "claude", task: str = "fix the bug", **kw) -> RunAgentRequest:
@@ -270,7 +270,7 @@ def test_environment_given_to_the_agent(repo, fake, tmp_path):
     fake("mine", Behaviour(writes={"a": "1"}, record_env=["PROCTOR_JOB_ID", "PROCTOR_WORKTREE", "MY_KEY"]))
     cfg = user_config(tmp_path, '[agents.mine]\ncommand = ["mine", "{prompt}"]\nenv = { MY_KEY = "v" }\n')
     res = run_agent(req(repo, agent="mine", validateCommand=PASS), config=cfg)
-    from proctor.testing import FakeAgent  # noqa: F401
+    from proctor.mechanisms.adapters.testing import FakeAgent  # noqa: F401
     env = json.loads((Path(os.environ["PATH"].split(os.pathsep)[0]) / "mine.calls.jsonl").read_text().splitlines()[0])["env"]
     assert env == {"PROCTOR_JOB_ID": res.job_id, "PROCTOR_WORKTREE": res.worktree_path, "MY_KEY": "v"}
 

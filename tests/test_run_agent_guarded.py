@@ -19,13 +19,13 @@ import pytest
 from conftest import sh, wait_until
 
 from proctor import RunAgentRequest, Status, run_agent
-from proctor.config import load_config
-from proctor.confine import detect
+from proctor.mechanisms.config.load import load_config
+from proctor.mechanisms.confine import detect
 from proctor.contract import Code
-from proctor.job import cgroup
-from proctor.ledger import Ledger
-from proctor.policy.stop import StopSwitch
-from proctor.testing import Behaviour
+from proctor.mechanisms.confine import cgroup
+from proctor.mechanisms.ledger.store import Ledger
+from proctor.mechanisms.policy.stop import StopSwitch
+from proctor.mechanisms.adapters.testing import Behaviour
 
 CAPS = detect()
 CONFINED = CAPS.bwrap is not None or CAPS.landlock

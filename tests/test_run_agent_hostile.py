@@ -14,11 +14,11 @@ from pathlib import Path
 
 from conftest import sh
 from proctor import RunAgentRequest, Status, run_agent
-from proctor.adapters.output import READERS, ClaudeStreamWatch
-from proctor.job.classify import Patterns, classify
-from proctor.config import load_config
+from proctor.mechanisms.adapters.output import READERS, ClaudeStreamWatch
+from proctor.services.job.classify import Patterns, classify
+from proctor.mechanisms.config.load import load_config
 from proctor.contract import Code
-from proctor.testing import Behaviour
+from proctor.mechanisms.adapters.testing import Behaviour
 
 PROCTOR = str(Path(sys.executable).with_name("proctor"))
 

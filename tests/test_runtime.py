@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from conftest import Clock
 
-from proctor.ledger import LEDGER_FILE, Ledger
-from proctor.policy.breaker import Breaker, BreakerState, Signal
-from proctor.policy.gate import CallVerdict, Gate
-from proctor.policy.runtime import (
+from proctor.mechanisms.ledger.store import LEDGER_FILE, Ledger
+from proctor.mechanisms.policy.breaker import Breaker, BreakerState, Signal
+from proctor.mechanisms.policy.gate import CallVerdict, Gate
+from proctor.mechanisms.policy.runtime import (
     AgentRuntime,
     Availability,
     BackendRateLimited,
@@ -26,9 +26,9 @@ from proctor.policy.runtime import (
     Verdict,
     run_agent,
 )
-from proctor.policy.stop import StopSwitch
-from proctor.policy.task import AgentTask, ToolCall
-from proctor.policy.trusted import Policy
+from proctor.mechanisms.policy.stop import StopSwitch
+from proctor.mechanisms.policy.task import AgentTask, ToolCall
+from proctor.mechanisms.policy.trusted import Policy
 
 Script = Callable[[Gate, Usage], Iterator[Any]]
 
@@ -279,7 +279,7 @@ def test_step_limit_control_at_limit(ws, ledger, breaker, clock):
 
 
 def test_step_limit_capped_by_policy_ceiling(ws, ledger, breaker, clock):
-    from proctor.policy.trusted import Ceilings
+    from proctor.mechanisms.policy.trusted import Ceilings
 
     def many(gate: Gate, usage: Usage) -> Iterator[Any]:
         assert usage.limits.max_steps == 2

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from conftest import make_repo
 
-from proctor.config import load_config
-from proctor.confine import detect
+from proctor.mechanisms.config.load import load_config
+from proctor.mechanisms.confine import detect
 from proctor.contract import RunAgentRequest, Status
-from proctor.job.host import run_agent
-from proctor.ledger import Ledger
+from proctor.services.job.run_agent import run_agent
+from proctor.mechanisms.ledger.store import Ledger
 
 CAPS = detect()
 if CAPS.bwrap is None and not CAPS.landlock and os.environ.get("CI") == "true":

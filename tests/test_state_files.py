@@ -1,7 +1,7 @@
 """An adapter's state may be a file as well as a directory (a user of Claude Code has `~/.claude.json`): a
 confined job gets that file writable in place and nothing else beside it; the built-in claude keeps its
 config inside `~/.claude` (CLAUDE_CONFIG_DIR), so a save by rename works under confinement. Every job writes
-its own copy of the state (proctor.job.sandbox_home): only `state_keep` files come back. Real bwrap /
+its own copy of the state (proctor.services.job.sandbox_home): only `state_keep` files come back. Real bwrap /
 Landlock; under CI=true a machine without either fails instead of skipping."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from proctor.config import load_config
-from proctor.confine import detect
+from proctor.mechanisms.config.load import load_config
+from proctor.mechanisms.confine import detect
 from proctor.contract import RunAgentRequest, Status
-from proctor.job.host import run_agent
+from proctor.services.job.run_agent import run_agent
 
 CAPS = detect()
 if CAPS.bwrap is None and not CAPS.landlock and os.environ.get("CI") == "true":

@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from proctor.ledger import LEDGER_FILE, Ledger
-from proctor.policy.breaker import Breaker
-from proctor.policy.gate import Gate
-from proctor.policy.runtime import Availability, FinishedEvent, RunCode, StepEvent, Usage, run_agent
-from proctor.policy.stop import DEFAULT_REASON, STOP_FILE, StopSwitch
-from proctor.policy.task import AgentTask
-from proctor.policy.trusted import Ceilings, Policy
+from proctor.mechanisms.ledger.store import LEDGER_FILE, Ledger
+from proctor.mechanisms.policy.breaker import Breaker
+from proctor.mechanisms.policy.gate import Gate
+from proctor.mechanisms.policy.runtime import Availability, FinishedEvent, RunCode, StepEvent, Usage, run_agent
+from proctor.mechanisms.policy.stop import DEFAULT_REASON, STOP_FILE, StopSwitch
+from proctor.mechanisms.policy.task import AgentTask
+from proctor.mechanisms.policy.trusted import Ceilings, Policy
 
 
 @pytest.fixture(autouse=True)

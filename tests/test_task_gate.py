@@ -10,10 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import proctor
-from proctor.policy.gate import CallVerdict, Decision, Gate, GateCode, decide, plan
-from proctor.policy.stop import StopSwitch
-from proctor.policy.task import AgentTask, Effect, ToolCall
-from proctor.policy.trusted import Ceilings, Policy, PolicyError, check_workspace
+from proctor.mechanisms.policy.gate import CallVerdict, Decision, Gate, GateCode, decide, plan
+from proctor.mechanisms.policy.stop import StopSwitch
+from proctor.mechanisms.policy.task import AgentTask, Effect, ToolCall
+from proctor.mechanisms.policy.trusted import Ceilings, Policy, PolicyError, check_workspace
 
 NO_STOP = lambda: None  # noqa: E731
 

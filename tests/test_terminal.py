@@ -8,7 +8,7 @@ import unicodedata
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proctor.terminal import is_safe, json_safe, visible
+from proctor.mechanisms.terminal import is_safe, json_safe, visible
 
 # The set named in the issue, spelled out independently of the implementation.
 DANGEROUS = (

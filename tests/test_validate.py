@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from proctor.job import validate
-from proctor.job.process import LocalRunner
+from proctor.mechanisms.validation import plan as validate
+from proctor.mechanisms.process.local import LocalRunner
 
 
 def layout(root: Path, files: dict[str, str]) -> Path:

@@ -23,8 +23,8 @@ import pytest
 
 from conftest import make_repo
 from proctor import RunAgentRequest, Status, run_agent
-from proctor.config import load_config
-from proctor.confine import detect
+from proctor.mechanisms.config.load import load_config
+from proctor.mechanisms.confine import detect
 from proctor.contract import Code
 
 CAPS = detect()

@@ -9,9 +9,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from proctor.confine import beneath
-
-
 def proctor_home() -> Path:
     raw = os.environ.get("PROCTOR_HOME")
     return Path(raw).expanduser().absolute() if raw else Path.home() / ".proctor"
@@ -21,18 +18,6 @@ def ensure_home() -> Path:
     home = proctor_home()
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
     return home
-
-
-def unsafe_home(home: Path | None = None) -> str | None:
-    """Why the state dir may not hold job state (None: it may): made (mode 0700) when missing, it must be
-    this user's, writable by nobody else, under parents no other user can swap it in. Its keys, ledger and
-    job records are what a job must never reach (issue 21: a job copied the listener's key out of it)."""
-    home = home or proctor_home()
-    try:
-        home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    except OSError as exc:
-        return f"cannot make {home}: {exc.strerror}"
-    return beneath.unsafe_dir(home) or beneath.unsafe_parent(home.parent)
 
 
 class PrivateFileError(Exception):

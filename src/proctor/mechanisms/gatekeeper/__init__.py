@@ -1,0 +1,4 @@
+"""A job's gate service and each CLI's hook dialect: every tool call the agent's CLI makes is decided first.
+
+Owns the socket, the hook client and the dialects; the decision itself is policy.gate's.
+"""

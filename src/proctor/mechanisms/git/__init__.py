@@ -1,0 +1,4 @@
+"""Host-side git: the job's repositories, the tree that would land, frozen checks.
+
+Reads only configuration the host chose; never runs anything the repo or the agent controls.
+"""

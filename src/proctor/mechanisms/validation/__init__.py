@@ -1,0 +1,4 @@
+"""How the host validates a tree: the plan (what to run) and the environment it runs in.
+
+It never reads the agent's copy of a recipe; judging the evidence is evidence's.
+"""

@@ -1,0 +1,253 @@
+"""A job's host-side record: the files proctor keeps of each run_agent job under $PROCTOR_HOME/jobs/<jobId>/.
+
+Owns four files and reading them back:
+
+    host.json      written as the job starts: the host's pid, that process's start time and the boot id,
+                   so a later reader tells a job that is still running from one whose host died
+    result.json    written as the job ends: the result JSON exactly as `run-agent` printed it
+    request.json   beside it: the request it answered (the validation command `land` runs again)
+    progress.json  rewritten while the job runs (`LiveProgress`): its phases and the last output line, so
+                   a reader in another process (the review page) shows a running job's progress
+
+They live under $PROCTOR_HOME, which no confined agent can read (README "Confinement"); the ledger, not
+these files, is the authority on a job's commit (`job.tree`), so a reader checks one against the other.
+Writing never raises into the job path: a file that cannot be written costs `show` and `land` their
+detail (land then refuses), never the job. It never decides anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from proctor.mechanisms.confine import beneath
+from proctor.home import proctor_home
+from proctor.mechanisms.process.local import Watch
+from proctor.mechanisms.terminal import visible
+
+JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+MAX_RECORD_BYTES = 64 * 1024 * 1024  # a result holds output tails (64 KB a command): far below this
+
+
+def unsafe_home(home: Path | None = None) -> str | None:
+    """Why the state dir may not hold job state (None: it may): made (mode 0700) when missing, it must be
+    this user's, writable by nobody else, under parents no other user can swap it in. Its keys, ledger and
+    job records are what a job must never reach (issue 21: a job copied the listener's key out of it)."""
+    home = home or proctor_home()
+    try:
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        return f"cannot make {home}: {exc.strerror}"
+    return beneath.unsafe_dir(home) or beneath.unsafe_parent(home.parent)
+
+
+def safe_job_id(job_id: object) -> bool:
+    """A job id fit to be a path component (ids come from ledger rows, which a queue's signer shaped)."""
+    return isinstance(job_id, str) and bool(JOB_ID_RE.fullmatch(job_id)) and ".." not in job_id
+
+
+def job_dir(job_id: str) -> Path:
+    if not safe_job_id(job_id):
+        raise ValueError(f"job id {job_id!r} is not [A-Za-z0-9._-]+")
+    return proctor_home() / "jobs" / job_id
+
+
+def unsafe_dirs(job_id: str) -> str | None:
+    """Why the job's record dir `$PROCTOR_HOME/jobs/<jobId>` may not be used (None: it may): it, `jobs/` and
+    the state dir are made (mkdir, mode 0700) when missing, and each must be this user's and writable by
+    nobody else. Nothing is written into one that fails."""
+    try:
+        d = job_dir(job_id)
+    except ValueError as exc:
+        return str(exc)
+    why = unsafe_home(d.parent.parent) or beneath.private_dir(d.parent) or beneath.private_dir(d)
+    return f"unsafe directory: {why}" if why else None
+
+
+def _write(job_id: str, name: str, text: str) -> str | None:
+    """`name` in the job's record dir, replaced atomically; never into a dir that fails unsafe_dirs."""
+    unsafe = unsafe_dirs(job_id)
+    if unsafe:
+        return f"{name} not written: {unsafe}"
+    path = job_dir(job_id) / name
+    try:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        return f"cannot write {path}: {exc}"
+    return None
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _start_ticks(pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat (start time in clock ticks since boot): a reused pid has another."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+        return int(raw[raw.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def started(job_id: str) -> str | None:
+    """Called by the host right after the job's `job.start` row; None, or why host.json was not written."""
+    pid = os.getpid()
+    host = {"pid": pid, "start_ticks": _start_ticks(pid), "boot_id": _boot_id()}
+    return _write(job_id, "host.json", json.dumps(host))
+
+
+def ended(request: Any, result: Any) -> str | None:
+    """Called by the host after the job's `job.end` row: the result JSON and the request, as files."""
+    req = request.model_dump(mode="json", by_alias=True) if hasattr(request, "model_dump") else dict(request)
+    return (_write(result.job_id, "request.json", json.dumps(req, indent=2))
+            or _write(result.job_id, "result.json", result.to_json()))
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                return None
+            data = fh.read(MAX_RECORD_BYTES + 1)
+    except OSError:
+        return None
+    if len(data) > MAX_RECORD_BYTES:
+        return None
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+@dataclass(frozen=True)
+class Record:
+    """What the host kept of one job; a missing or unreadable file is None."""
+
+    result: dict[str, Any] | None
+    request: dict[str, Any] | None
+    host: dict[str, Any] | None
+    progress: dict[str, Any] | None = None
+
+    def host_alive(self) -> bool | None:
+        """True while the process that ran the job lives; False once it died (or the machine rebooted);
+        None when host.json was never written (a job from before it, or a write that failed)."""
+        h = self.host
+        if not h or not isinstance(h.get("pid"), int):
+            return None
+        boot = _boot_id()
+        if h.get("boot_id") and boot and h["boot_id"] != boot:
+            return False
+        ticks = _start_ticks(h["pid"])
+        if ticks is None:
+            return False
+        return h.get("start_ticks") in (None, ticks)
+
+
+def load(job_id: str) -> Record:
+    try:
+        d = job_dir(job_id)
+    except ValueError:
+        return Record(None, None, None)
+    return Record(_read_json(d / "result.json"), _read_json(d / "request.json"), _read_json(d / "host.json"),
+                  _read_json(d / "progress.json"))
+
+
+class LiveProgress:
+    """The host's `Progress` for one job, passed through to `inner` and kept in progress.json.
+
+    A phase is written as it starts; the last output line at most every `LINE_EVERY_S` (an agent that
+    prints a line a millisecond costs one small write a second, not a thousand). Text is escaped
+    (`terminal.visible`) and cut to `LINE_CHARS` before it is stored: the agent shaped it.
+    """
+
+    LINE_EVERY_S = 1.0
+    LINE_CHARS = 300
+    MAX_PHASES = 200
+
+    def __init__(self, job_id: str, inner: Any) -> None:
+        self.job_id, self.inner = job_id, inner
+        self._start = time.monotonic()
+        self._lock = threading.Lock()
+        self._phases: list[dict[str, Any]] = []
+        self._last = ""
+        self._written = 0.0
+        self._ended: str | None = None
+        self._timer: threading.Timer | None = None
+        self._writable = safe_job_id(job_id)
+
+    def _elapsed(self) -> float:
+        return round(time.monotonic() - self._start, 1)
+
+    def _write(self) -> None:
+        """Under the lock: the whole state as one file, replaced atomically (a reader sees old or new)."""
+        if not self._writable:
+            return
+        self._written = time.monotonic()
+        _write(self.job_id, "progress.json", json.dumps({
+            "phase": self._phases[-1]["name"] if self._phases else "starting", "phases": self._phases,
+            "lastLine": self._last, "elapsedS": self._elapsed(), "ended": self._ended,
+            "updated": time.time()}))
+
+    def phase(self, name: str) -> None:
+        with self._lock:
+            if len(self._phases) < self.MAX_PHASES:
+                self._phases.append({"name": visible(name)[:self.LINE_CHARS], "at": self._elapsed()})
+            self._last = ""
+            self._write()
+        self.inner.phase(name)
+
+    def watch(self, inner: Watch | None) -> Watch | None:
+        outer = self.inner.watch(inner)
+
+        def w(stream: str, chunk: bytes) -> str | None:
+            lines = [ln for ln in chunk[-4096:].decode("utf-8", "replace").splitlines() if ln.strip()]
+            if lines:
+                with self._lock:
+                    self._last = visible(lines[-1][-self.LINE_CHARS:])[-self.LINE_CHARS:]
+                    wait = self.LINE_EVERY_S - (time.monotonic() - self._written)
+                    if wait <= 0:
+                        self._write()
+                    elif self._timer is None:
+                        # A line that arrives too soon is written when its second is up, not lost
+                        # because the agent then said nothing more.
+                        self._timer = threading.Timer(wait, self._flush)
+                        self._timer.daemon = True
+                        self._timer.start()
+            return outer(stream, chunk) if outer else None
+
+        return w
+
+    def _flush(self) -> None:
+        with self._lock:
+            self._timer = None
+            if self._ended is None:
+                self._write()
+
+    def done(self, result: Any) -> None:
+        with self._lock:
+            self._ended = f"{result.status.value} ({result.code.value})"
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._write()
+        self.inner.done(result)
