@@ -2,3 +2,14 @@
 
 Owns the socket, the hook client and the dialects; the decision itself is policy.gate's.
 """
+
+from proctor.mechanisms.gatekeeper.service import (
+    DIALECTS,
+    HOOK_CLIENT,
+    GateService,
+    default_task,
+    settings_path,
+    with_workspace,
+)
+
+__all__ = ["DIALECTS", "HOOK_CLIENT", "GateService", "default_task", "settings_path", "with_workspace"]

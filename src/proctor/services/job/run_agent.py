@@ -39,7 +39,7 @@ from proctor.home import proctor_home
 from proctor.mechanisms.confine import cgroup
 from proctor.mechanisms.validation import environment, plan as validate
 from proctor.mechanisms.git import frozen, landing, worktree
-from proctor.mechanisms.gatekeeper import service as gatekeeper
+from proctor.mechanisms import gatekeeper
 from proctor.services.job import record, sandbox_home
 from proctor.services.job.agent_version import VERSION_TIMEOUT_S, agent_version, executable, inside
 from proctor.services.job.attempts import missing_program, run_attempts
