@@ -186,7 +186,7 @@ class Config(BaseModel):
     @field_validator("repos")
     @classmethod
     def _check_repos(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        from proctor.mechanisms.validation.environment import parse_settings
+        from proctor.mechanisms.config.settings import parse_settings
 
         for path, table in v.items():
             if not Path(path).is_absolute():
@@ -434,8 +434,8 @@ def _overlay(builtins: dict[str, Any], user: Any) -> tuple[Any, dict[str, tuple[
 
 def _repo_problems(raw: Any, src: _Source) -> list[str]:
     """`[repos."/abs/path"]` tables checked one key at a time, so a typo is named beside the other problems
-    (proctor.mechanisms.validation.environment.parse_settings stops at its first)."""
-    from proctor.mechanisms.validation.environment import KEYS, parse_settings
+    (proctor.mechanisms.config.settings.parse_settings stops at its first)."""
+    from proctor.mechanisms.config.settings import KEYS, parse_settings
 
     if not isinstance(raw, dict):
         return [src.problem(("repos",), f"got {_got(raw)}, must be a table of repos ([repos.\"/abs/path\"])")]

@@ -56,6 +56,7 @@ from pathlib import Path
 
 from proctor.mechanisms.confine import beneath
 from proctor.mechanisms.validation import plan as validate
+from proctor.mechanisms.config.settings import RepoSettings, parse_settings
 from proctor.mechanisms.git.command import git
 
 PROCTOR_TOML = ".proctor.toml"
@@ -78,18 +79,6 @@ HOME_TOOLS = (("CARGO_HOME", ".cargo"), ("RUSTUP_HOME", ".rustup"), ("PYENV_ROOT
 NOT_PACKAGES = frozenset({"tests", "test", "testing", "docs", "doc", "examples", "example", "benchmarks",
                           "bench", "scripts", "tools", "build", "dist", "site-packages", "node_modules"})
 NOT_MODULES = frozenset({"setup", "conftest", "noxfile", "fabfile", "tasks", "manage", "docs_conf"})
-
-
-@dataclass(frozen=True)
-class RepoSettings:
-    """The per-repo keys (config.toml `[repos."<path>"]`, `.proctor.toml` at the base)."""
-
-    setup: tuple[str, ...] = ()  # shell commands run before the agent and before validation, confined
-    copy: tuple[str, ...] = ()  # untracked files of the main checkout copied in (`.env`)
-    share: tuple[str, ...] | None = None  # ignored dependency dirs exposed read-only; None: autodetect
-    validate: str | None = None  # the repo's test command, over autodetect (not over --validate-cmd)
-    registries: tuple[str, ...] = ()  # the only network `setup` reaches (host[:port], through a proxy)
-    source: str = ""  # where the keys came from, for risks
 
 
 @dataclass(frozen=True)
@@ -166,36 +155,7 @@ def _toml(data: bytes | None) -> dict:
 
 # -- settings --------------------------------------------------------------------------------------------
 
-def _strs(raw: object, key: str, origin: str) -> tuple[str, ...]:
-    if raw is None:
-        return ()
-    if isinstance(raw, str):
-        raw = [raw]
-    if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw):
-        raise ValueError(f"{origin}: {key} must be a string or a list of strings")
-    return tuple(raw)
-
-
-KEYS = ("setup", "copy", "share", "validate", "registries")
 SETUP_LABEL = validate.SETUP_LABEL  # how a validation plan's setup steps are told from its tests
-
-
-def parse_settings(table: Mapping, origin: str) -> RepoSettings:
-    """One table of the per-repo keys; an unknown key or a wrong type raises ValueError naming it."""
-    unknown = sorted(set(table) - set(KEYS))
-    if unknown:
-        raise ValueError(f"{origin}: unknown keys {', '.join(unknown)} (known: {', '.join(KEYS)})")
-    val = table.get("validate")
-    if val is not None and (not isinstance(val, str) or not val.strip()):
-        raise ValueError(f"{origin}: validate must be a non-empty string")
-    for p in (*_strs(table.get("copy"), "copy", origin), *_strs(table.get("share"), "share", origin)):
-        if p.startswith("/") or ".." in Path(p).parts or not p.strip():
-            raise ValueError(f"{origin}: {p!r} must be a relative path inside the repo")
-    return RepoSettings(setup=_strs(table.get("setup"), "setup", origin),
-                        copy=_strs(table.get("copy"), "copy", origin),
-                        share=_strs(table.get("share"), "share", origin) if "share" in table else None,
-                        validate=val, registries=_strs(table.get("registries"), "registries", origin),
-                        source=origin)
 
 
 def base_file(git_dir: Path, base_sha: str, name: str = PROCTOR_TOML) -> bytes | None:

@@ -37,6 +37,7 @@ from proctor.mechanisms.evidence import preempt, recipe, signals
 from proctor.mechanisms.evidence.instrument import instrument, strip_bytecode
 from proctor.home import proctor_home
 from proctor.mechanisms.confine import cgroup
+from proctor.mechanisms.config.settings import RepoSettings
 from proctor.mechanisms.validation import environment, plan as validate
 from proctor.mechanisms.git import frozen, landing, worktree
 from proctor.mechanisms import gatekeeper
@@ -117,7 +118,7 @@ class _Job:
     gate: gatekeeper.GateService | None = None  # the gate the agent's CLI asks before each tool call
     backend: Backend | None = None  # an HTTP status the CLI's protocol reported for the deciding run
     # The repo's keys (config over the base's .proctor.toml), read once: its setup, shares and validate.
-    settings: environment.RepoSettings | None = None
+    settings: RepoSettings | None = None
     governor: UsageGovernor | None = None  # books the job against the trusted policy's spend budgets
     usage: Usage | None = None  # what the CLI's protocol reported using, every attempt's
     # Did the agent's process start: False until the launch is tried, None while it is in flight (unknown
@@ -772,7 +773,7 @@ def _settle_state(job: _Job, result: RunAgentResult) -> None:
                          "another job)")
 
 
-def _repo_settings(job: _Job, wt: worktree.Worktree) -> environment.RepoSettings | None:
+def _repo_settings(job: _Job, wt: worktree.Worktree) -> RepoSettings | None:
     cfg = environment.settings(job.config.repos, wt.repo.path, wt.repo.common_dir, wt.base_sha)
     if isinstance(cfg, str):
         job.risks.append(cfg)
@@ -942,7 +943,7 @@ def _hide_holdout(job: _Job, wt: worktree.Worktree,
     return dataclasses.replace(roots, hidden=(*roots.hidden, *dirs))
 
 
-def _registry_proxy(job: _Job, cfg: environment.RepoSettings, sock: str, what: str) -> EgressProxy | None | str:
+def _registry_proxy(job: _Job, cfg: RepoSettings, sock: str, what: str) -> EgressProxy | None | str:
     """A proxy to the repo's `registries` for its setup steps; None without registries or confinement (no
     network to restrict), a str when it could not start (why)."""
     if not cfg.registries or job.confiner is None or job.confiner.name == "none":

@@ -30,6 +30,7 @@ from typing import Any
 from proctor.mechanisms import confine
 from proctor.mechanisms.config.load import Config
 from proctor.mechanisms.evidence.instrument import instrument, strip_bytecode
+from proctor.mechanisms.config.settings import RepoSettings
 from proctor.mechanisms.validation import environment, plan as validate
 from proctor.mechanisms.git import frozen, landing, worktree
 from proctor.services.job import record
@@ -81,7 +82,7 @@ def _scratch_git(s: Subject, index: Path, rev: str) -> worktree.Failure | None:
 
 
 def plan_for(s: Subject, index: Path, repo_tables: dict[str, dict[str, Any]] | None = None,
-             ) -> tuple[validate.Plan, environment.RepoSettings | None, list[str]]:
+             ) -> tuple[validate.Plan, RepoSettings | None, list[str]]:
     """The plan and the repo's settings, both from the trusted side: the command given, or the target's tree;
     config.toml's `[repos."<path>"]` over the target's `.proctor.toml`."""
     risks: list[str] = []
@@ -142,7 +143,7 @@ def _changed(s: Subject) -> list[str]:
 
 
 def _run(s: Subject, config: Config, confiner: confine.Confiner, plan: validate.Plan,
-         cfg: environment.RepoSettings | None, index: Path, tree: str, name: str, tmpdir: Path,
+         cfg: RepoSettings | None, index: Path, tree: str, name: str, tmpdir: Path,
          runner: ProcessRunner, poll: Callable[[], str | None] | None, out: Revalidation) -> validate.Run | None:
     made = landing.materialise(s.checkout, s.git_dir, tree, index) or _scratch_git(s, index, s.commit)
     if made is not None:
