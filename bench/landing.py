@@ -38,7 +38,7 @@ from proctor.mechanisms.config.load import load_config
 config = load_config(Path(sys.argv[2]))
 exited = []
 try:  # when the agent's run ends: what follows is landing, validation, review and the record
-    from proctor.services.job import run_agent as host
+    from proctor.services.job import agent as host
     inner = host.run_attempts
     def timed(*a, **k):
         try:

@@ -58,17 +58,17 @@ def proctor_once(repo: Path, config) -> float:
     return took
 
 
-PHASES = (  # (name, the functions whose time is the phase's), host.py's order
+PHASES = (  # (name, the functions whose time is the phase's), in the job's order (services/job/run_agent.py)
     ("worktree (cut + checkout risks)", ("worktree.create", "worktree.checkout_risks")),
     ("  of which git's checkout", ("worktree.checkout",)),
     ("environment (gate, confinement, probe, repo settings, setup)",
-     ("host._start_gate", "host._confine", "host._probe_version", "host._repo_settings", "host._setup")),
-    ("agent spawn (run_attempts)", ("host.run_attempts",)),
-    ("landing (scan, hash, commit, checkout)", ("host._land",)),
+     ("gate.start", "prepare.confine_agent", "prepare._probe_version", "prepare._repo_settings", "prepare._setup")),
+    ("agent spawn (run_attempts)", ("agent.run_attempts",)),
+    ("landing (scan, hash, commit, checkout)", ("land.land",)),
     ("  of which the scan", ("landing.scan",)),
-    ("diff risks", ("host._diff_risks",)),
-    ("validation", ("host._validate",)),
-    ("review checkout", ("host._review_checkout",)),
+    ("diff risks", ("land.diff_risks",)),
+    ("validation", ("validate.validate",)),
+    ("review checkout", ("land.review_checkout",)),
 )
 
 
@@ -77,11 +77,12 @@ def time_phases() -> list[dict[str, float]]:
     `proctor_once` callers: one dict per job)."""
     import functools
 
-    from proctor.services.job import run_agent as host
     from proctor.mechanisms.git import landing, worktree
+    from proctor.services.job import agent, gate, land, prepare, validate
 
     runs: list[dict[str, float]] = []
-    mods = {"host": host, "landing": landing, "worktree": worktree}
+    mods = {"worktree": worktree, "landing": landing, "gate": gate, "prepare": prepare, "agent": agent,
+            "land": land, "validate": validate}
     for _, names in PHASES:
         for name in names:
             mod, attr = name.split(".")

@@ -1,8 +1,6 @@
-"""The job path: one run_agent job from a validated request to the host's own verdict (DESIGN.md 2).
+"""The job path: one run_agent job from a validated request to the host's own verdict, as its phases
+(run_agent.py names them in order: record, admit, prepare, agent, land, validate, judge).
 
-host (the service) -> attempts (launch, retry, classify) -> process, cgroup (spawn, deadline, tree kill)
-                   -> worktree, git, landing, frozen (the job's repo, the tree that would land, frozen checks)
-                   -> validate, agent_version
-The policy half (gate, task, policy, breaker, stop, runtime) stays beside it in proctor/; confinement in
-proctor/confine/.
+Owns the order of a job and the rule for `needs_human_review`; every OS enforcement, git operation, gate
+decision and evidence parser it asks of proctor.mechanisms. It never takes the agent's word as proof.
 """

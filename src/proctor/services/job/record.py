@@ -1,6 +1,8 @@
 """A job's host-side record: the files proctor keeps of each run_agent job under $PROCTOR_HOME/jobs/<jobId>/.
 
-Owns four files and reading them back:
+Owns the job's id, its bookend rows in the ledger (`job.start` before anything happens, `job.end` with
+the verdict, so a crash in between shows as an interrupted job, never as nothing), the result of a job
+refused before it launched, and four files and reading them back:
 
     host.json      written as the job starts: the host's pid, that process's start time and the boot id,
                    so a later reader tells a job that is still running from one whose host died
@@ -8,6 +10,7 @@ Owns four files and reading them back:
     request.json   beside it: the request it answered (the validation command `land` runs again)
     progress.json  rewritten while the job runs (`LiveProgress`): its phases and the last output line, so
                    a reader in another process (the review page) shows a running job's progress
+(and validation.log beside them: the validation output in full, as the runner kept it).
 
 They live under $PROCTOR_HOME, which no confined agent can read (README "Confinement"); the ledger, not
 these files, is the authority on a job's commit (`job.tree`), so a reader checks one against the other.
@@ -21,16 +24,22 @@ import json
 import os
 import re
 import stat
+import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from proctor.mechanisms.confine import beneath
+from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status
 from proctor.home import proctor_home
+from proctor.mechanisms.confine import beneath
+from proctor.mechanisms.ledger.store import Ledger, LedgerError, LedgerFull, LedgerTampered
 from proctor.mechanisms.process.local import Watch
 from proctor.mechanisms.terminal import visible
+from proctor.services.job.progress import NullProgress, Progress
 
 JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_RECORD_BYTES = 64 * 1024 * 1024  # a result holds output tails (64 KB a command): far below this
@@ -251,3 +260,73 @@ class LiveProgress:
                 self._timer = None
             self._write()
         self.inner.done(result)
+
+
+def recorded(request: Any, ledger: Ledger, job_id: str, start: float, progress: Progress | None,
+             body: Callable[[Progress], Any]) -> Any:
+    """The job between its `job.start` and `job.end` rows, `body` run with the job's progress kept in
+    progress.json. A row that cannot be written ends the job with a result all the same (DISK_FULL when
+    the disk is full): the ledger keeps what it had, never half a row. The end row may use the ledger's
+    reserve, so a disk that filled up during the job still records it."""
+    space = ledger.space_problem()
+    if space:
+        return refused(request, [f"{space}; nothing was launched"], Code.DISK_FULL, start)
+    try:
+        ledger.append("job.start", {"jobId": job_id, "agent": request.agent, "ticket": request.ticket,
+                                    "repo": request.repo, "mode": request.mode, "branch": request.branch},
+                      job_id=job_id)
+    except LedgerError as exc:
+        return refused(request, [f"the job's start could not be recorded ({exc}); nothing was launched"],
+                       ledger_code(exc), start)
+    started(job_id)  # host.json: who runs the job, so review tells running from abandoned
+    live = LiveProgress(job_id, progress or NullProgress())  # progress.json: the review page's
+    try:
+        result = body(live)
+    except LedgerError as exc:
+        result = refused(request, [f"a ledger row could not be written, so the job was ended: {exc}"],
+                         ledger_code(exc), start)
+    result.job_id = job_id
+    try:
+        ledger.append("job.end", {"jobId": job_id, "status": result.status.value, "code": result.code.value,
+                                  "needs_human_review": result.needs_human_review,
+                                  "worktreePath": result.worktree_path}, job_id=job_id, reserve=True)
+    except LedgerError as exc:
+        result.status, result.code, result.needs_human_review = Status.failed, ledger_code(exc), True
+        result.known_risks = [*result.known_risks, f"the job's end could not be recorded: {exc}"]
+    ended(request, result)  # result.json + request.json, for `proctor show` and `proctor land`
+    return result
+
+
+def ledger_code(exc: LedgerError) -> Code:
+    if isinstance(exc, LedgerTampered):
+        return Code.LEDGER_TAMPERED
+    return Code.DISK_FULL if isinstance(exc, LedgerFull) else Code.HOST_ERROR
+
+
+def validation_log(job_id: str) -> Path:
+    """Where a job's validation output is kept in full (what the runner kept: 1 MB a stream), host-owned:
+    under $PROCTOR_HOME, which no agent can read or write."""
+    return proctor_home() / "jobs" / job_id / "validation.log"
+
+
+def new_job_id() -> str:
+    return f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
+
+
+def refused(request_like: dict | RunAgentRequest | None, risks: list[str], code: Code, start: float) -> RunAgentResult:
+    """A `failed` result for a job that never launched: the risks name why."""
+    if isinstance(request_like, RunAgentRequest):
+        agent, mode = request_like.agent, request_like.mode
+    else:
+        agent = str((request_like or {}).get("agent") or "")
+        mode = (request_like or {}).get("mode")
+    return RunAgentResult(
+        status=Status.failed,
+        summary=risks[0] if risks else "refused",
+        known_risks=risks,
+        needs_human_review=True,
+        agent=agent,
+        duration_seconds=round(time.monotonic() - start, 3),
+        mode=mode if isinstance(mode, str) else None,
+        code=code,
+    )

@@ -19,8 +19,10 @@ from pydantic import ValidationError
 from proctor.surfaces.cli.main import main
 from proctor.mechanisms.config.load import ConfigError, load_config, plain_error
 from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status
-from proctor.services.job.run_agent import refused, run_agent
-from proctor.services.job.progress import NullProgress, RichProgress, for_stderr
+from proctor.services.job.record import refused
+from proctor.services.job.run_agent import run_agent
+from proctor.services.job.progress import NullProgress
+from proctor.surfaces.cli.progress import RichProgress, for_stderr
 from proctor.mechanisms.terminal import json_safe
 
 # 128 + SIGINT: what a shell reports for a command ended by Ctrl-C; scripts test for it.

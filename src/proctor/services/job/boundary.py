@@ -1,0 +1,194 @@
+"""What of the host a job is given: its declared environment (never the host's whole one), a HOME of its
+own with copies of the adapter's state, the user's home hidden but for what it needs, the held-out tests
+unreadable, and the OS-enforced plan that wraps the agent. Never weaker than the policy asked, silently:
+every gap is a refusal or a risk."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+from proctor.mechanisms import confine
+from proctor.mechanisms.confine.egress import EgressProxy
+from proctor.mechanisms.confine.plan import programs_of
+from proctor.mechanisms.git import worktree
+from proctor.mechanisms.git.command import unredirected_env
+from proctor.contract import RunAgentResult
+from proctor.services.job import sandbox_home
+from proctor.services.job.context import Job, names
+from proctor.services.job.network import egress_row
+
+
+def agent_env(job: Job, wt_path: Path) -> dict[str, str]:
+    """The declared environment (sandbox_home.declared_env), never the host's whole one: a key exported for
+    proctor reached every agent and the code under test (issue 21). HOME is the job's own, in its private
+    tmp, where its copy of the adapter's state dirs goes (confine_agent)."""
+    declared = sandbox_home.declared_env(unredirected_env(), job.spec, job.config.env_pass)
+    home = str(job.home)
+    # An adapter's `env` value "~/x" is under the agent's HOME, as its state_dirs are (CLAUDE_CONFIG_DIR).
+    return {**declared.env, "HOME": home, **job.spec.env_under(home), "PROCTOR_JOB_ID": job.job_id,
+            "PROCTOR_WORKTREE": str(wt_path), "TMPDIR": str(job.agent_tmp)}
+
+
+def without_credentials(job: Job, env: dict[str, str]) -> dict[str, str]:
+    """`env` minus the adapter's login: for everything of the job but the agent's own process."""
+    creds = set(sandbox_home.credential_names(job.spec))
+    return {k: v for k, v in env.items() if k not in creds}
+
+
+def main_repo(wt: worktree.Worktree) -> tuple[Path, ...]:
+    # Visible (its objects are borrowed) and never writable, even where it sits under a private /tmp.
+    return (wt.repo.path, wt.repo.common_dir)
+
+
+def holdout(job: Job, wt: worktree.Worktree) -> list[str]:
+    return [*job.config.holdout_for(wt.repo.path), *(job.request.holdout or [])]
+
+
+def hide_holdout(job: Job, wt: worktree.Worktree,
+                 roots: confine.ConfineRequest | confine.Unavailable) -> confine.ConfineRequest | confine.Unavailable:
+    """The held-out tests are not even readable before validation: an agent cannot tune to what it cannot
+    read (README "What the verdict rests on")."""
+    dirs = tuple(Path(d).resolve() for d in holdout(job, wt) if Path(d).is_dir())
+    if isinstance(roots, confine.Unavailable) or not dirs:
+        return roots
+    return dataclasses.replace(roots, hidden=(*roots.hidden, *dirs))
+
+
+def confine_agent(job: Job, confiner: confine.Confiner, wt: worktree.Worktree, argv: list[str],
+                  env: dict[str, str]) -> confine.ConfinePlan | confine.Unavailable:
+    """The OS-enforced plan for this job's agent, never silently weaker than the policy asked.
+
+    The adapter's state dirs are the job's copies under its own HOME; the user's home is hidden but for
+    what the job needs from it (hide_home). The adapter's credentials move from `env` into the plan's env:
+    the agent's process gets them, the version probe, setup and validation (which get `env`) do not."""
+    spec = job.spec
+    planted = confine.refuse_hard_links(wt.path)
+    if planted:
+        # A hard link the host left in the worktree is writable under every layer (research/sandbox.md).
+        return confine.Unavailable(f"worktree files with more than one hard link: {', '.join(planted[:5])}")
+    user_home = sandbox_home.user_home(unredirected_env())
+    if user_home is not None and Path(env.get("HOME", "")) == job.home:
+        copied = sandbox_home.copy_state(job.home, user_home, spec)
+        if isinstance(copied, str):
+            return confine.Unavailable(copied)
+        job.state = copied
+    state_dirs = _state_dirs(job, env)
+    if isinstance(state_dirs, confine.Unavailable):
+        return state_dirs
+    job.state_dirs = tuple(state_dirs)
+    roots = hide_holdout(job, wt, confine.job_roots(wt.path, job.agent_tmp, state_dirs, readonly=main_repo(wt),
+                                                    network=spec.network))
+    if isinstance(roots, confine.Unavailable):
+        return roots
+    if job.gate is not None:
+        # The hook runs inside the sandbox: its dir read-only at the same path, its interpreter visible.
+        roots = dataclasses.replace(roots, ro_binds=(*roots.ro_binds, (job.gate.dir, job.gate.dir)),
+                                    readonly=(*roots.readonly, Path(sys.base_prefix).resolve()))
+    if spec.network and confiner.name != "none":
+        # The network is the adapter's declared hosts only, through a proxy the host runs: an agent with
+        # the whole network reached the loopback NATS server and deleted the job stream (found in review).
+        proxy = EgressProxy(spec.egress, job.host_tmp / "egress.sock", on_decision=egress_row(job))
+        try:
+            job.egress = proxy.start()
+        except (OSError, RuntimeError, ValueError) as exc:
+            return confine.Unavailable(f"the egress proxy did not start: {exc}")
+        roots = dataclasses.replace(roots, egress_socket=proxy.socket_path, egress=spec.egress)
+    job.confiner = confiner
+    programs = programs_of(argv, env.get("PATH"))
+    hidden = hide_home(job, roots, programs)
+    if isinstance(hidden, confine.Unavailable):
+        return hidden
+    plan = confiner.wrap(argv, hidden)
+    if not isinstance(plan, confine.Unavailable):
+        creds = {k: env.pop(k) for k in sandbox_home.credential_names(spec) if k in env}
+        plan = dataclasses.replace(plan, env={**plan.env, **creds},
+                                   details={**plan.details, **_details(job, roots, programs, plan.confinement)})
+    if not isinstance(plan, confine.Unavailable) and plan.confinement == "none":
+        # Validation runs under the same confiner: it ran unconfined too, agent-written code with the host
+        # user's rights. Never a verdict a person may skip.
+        why = ("confinement is off by request" if job.mode == "off" else
+               f"no OS confinement on this machine ({'; '.join(plan.gaps) or 'neither bubblewrap nor Landlock'})")
+        job.risks.append(f"{why}: the agent and its validation ran unconfined")
+    return plan
+
+
+def _state_dirs(job: Job, env: dict[str, str]) -> list[Path] | confine.Unavailable:
+    """The adapter's state dirs, made where missing; `~` is the agent's HOME (an adapter's env may move
+    it), which is where its CLI writes its state."""
+    spec, state_dirs = job.spec, []
+    home = env.get("HOME") or str(Path.home())
+    for raw in spec.state_dirs:
+        d = Path(home + raw[1:]) if raw == "~" or raw.startswith("~/") else Path(raw)
+        if d.is_file():
+            # A state file (a CLI's config) is granted itself: written in place it works; replaced by a
+            # rename it cannot be (its directory is not the agent's), so built-ins keep their state in dirs.
+            state_dirs.append(d)
+            continue
+        if d.exists() and not d.is_dir():
+            return confine.Unavailable(f"state_dirs entry {raw!r} of agent {spec.name!r} is neither a "
+                                       "directory nor a regular file")
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return confine.Unavailable(f"state_dirs entry {raw!r} of agent {spec.name!r} cannot be made: {exc}")
+        state_dirs.append(d)
+    return state_dirs
+
+
+def hide_home(job: Job, roots: confine.ConfineRequest,
+              programs: list[str]) -> confine.ConfineRequest | confine.Unavailable:
+    """`roots` with the user's home hidden (~/.ssh, cloud credentials, other tools' tokens: issue 21) but
+    what the job needs from it: its own roots, the toolchains, the programs' installs, `read_home`."""
+    host = unredirected_env()
+    home = sandbox_home.user_home(host)
+    if home is None:
+        return roots
+    keep = sandbox_home.home_keep(home, host, job.config.read_home, programs)
+    hidden = sandbox_home.hidden_home(home, _home_shown(home, keep, roots))
+    if isinstance(hidden, str):
+        return confine.Unavailable(f"{hidden}: name what it needs in read_home, or move it")
+    extra = tuple(h for h in hidden if not any(h == a or h.is_relative_to(a) for a in roots.hidden))
+    # What stays shown is also bound read-only: under bwrap a home below /tmp (a private tmpfs there)
+    # would otherwise show nothing of it.
+    shown = tuple(p for p in keep if p.exists() and p not in roots.readonly)
+    return dataclasses.replace(roots, hidden=(*roots.hidden, *extra), readonly=(*roots.readonly, *shown))
+
+
+def _home_shown(home: Path, keep: list[Path], roots: confine.ConfineRequest) -> list[Path]:
+    """What of `home` the job reads: `keep` (sandbox_home.home_keep) and its own roots that live there."""
+    own = (Path(os.path.realpath(p)) for p in (*roots.writable, *roots.readonly, *(s for s, _ in roots.ro_binds)))
+    return list(dict.fromkeys(k for k in (*keep, *own) if k.is_relative_to(home)))
+
+
+def _details(job: Job, roots: confine.ConfineRequest, programs: list[str], confinement: str) -> dict[str, object]:
+    """What of the host the job was given, for the result's confinement_details: the names of the host
+    variables passed (never values), its HOME, what of the user's home it could read, its state copy."""
+    host = unredirected_env()
+    declared = sandbox_home.declared_env(host, job.spec, job.config.env_pass)
+    home = sandbox_home.user_home(host)
+    hidden = home is not None and confinement != "none"
+    return {"env": list(declared.names), "credentials": list(declared.credentials),
+            "home": {"path": str(job.home), "user_home": str(home) if home else None,
+                     "user_home_hidden": hidden,
+                     "readable": [str(p) for p in _home_shown(
+                         home, sandbox_home.home_keep(home, host, job.config.read_home, programs), roots)][:50]
+                     if hidden else None},
+            "state": job.state.describe() if job.state is not None else None}
+
+
+def settle_state(job: Job, result: RunAgentResult) -> None:
+    """After the agent: the must-keep files of its state copy written back, a change to the CLI's config,
+    hooks, MCP servers or extensions a risk (the copy, and the change, go with the job's tmp)."""
+    if job.state is None:
+        return
+    done = sandbox_home.settle(job.state)
+    details = result.confinement_details.get("state")
+    if isinstance(details, dict):
+        details.update(kept=list(done.kept), not_kept=list(done.not_kept), changed_config=list(done.changed_config))
+    if done.changed_config:
+        job.risks.append("the agent changed its CLI's config, hooks, MCP servers or extensions in its state dir: "
+                         f"{names(list(done.changed_config))} (the job's copy only: discarded, never seen by "
+                         "another job)")

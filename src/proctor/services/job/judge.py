@@ -1,0 +1,62 @@
+"""The verdict: each validation run taken into the result (its attempts, its risks, and whether it ended
+the job's chances), and the rule for `needs_human_review` — false only when the agent completed, the host
+itself ran tests that passed, the agent changed files, and nothing at all is a risk."""
+
+from __future__ import annotations
+
+import time
+
+from proctor.contract import Code, RunAgentResult, Status
+from proctor.mechanisms.validation import plan as vplan
+from proctor.services.job.context import Job
+from proctor.services.job.record import validation_log
+
+PYTEST_NO_TESTS = 5
+
+
+def run(job: Job, run: vplan.Run, result: RunAgentResult, suffix: str) -> bool:
+    """Record one validation run; True when it ended the job's chances (killed or failed)."""
+    timeout = job.config.validate_timeout
+    result.tests_attempted += [f"{a.line(timeout)}{suffix}" for a in run.attempts]
+    result.validation += [{**a.record(), "label": f"{a.label}{suffix}"} for a in run.attempts]
+    log = validation_log(job.job_id)
+    result.validation_log = str(log) if log.exists() else None
+    if run.killed_reason:
+        result.status = Status.failed
+        reason = run.killed_reason
+        result.code = (Code.STOPPED if reason.startswith("stopped") else Code.RESOURCE_LIMIT
+                       if reason.startswith("resource_limit") else Code.CANCELLED)
+        job.risks.append(f"validation {run.killed_reason}")
+        return True
+    for a in run.attempts:
+        job.risks.extend(f"{r}{suffix}" for r in a.risks)
+    failed = [a for a in run.attempts if not a.passed]
+    if not failed:
+        return False
+    first = failed[0]
+    why = f" ({first.failure})" if first.failure else ""
+    if first.exit_code == PYTEST_NO_TESTS and first.label.endswith("-m pytest"):
+        # pytest's "no tests collected": nothing was checked, which is not the same as a failure.
+        job.risks.append(f"validation ran no test: {first.line(timeout)}{suffix}")
+        return False
+    if suffix:
+        job.risks.append(f"validation failed{suffix}: {first.line(timeout)}{why}")
+        return True
+    result.status, result.code = Status.failed, Code.VALIDATION_FAILED
+    job.risks.append(f"validation failed: {first.line(timeout)}{why}")
+    return True
+
+
+def verdict(job: Job, result: RunAgentResult) -> RunAgentResult:
+    """The result as the host judges it: every risk the phases found, and a person's review unless all
+    was really checked and passed."""
+    result.known_risks = job.risks
+    result.needs_human_review = not (
+        result.status is Status.completed
+        and result.tests_attempted
+        and result.code is Code.OK
+        and result.agent_changed_files
+        and not job.risks
+    )
+    result.duration_seconds = round(time.monotonic() - job.start, 3)
+    return result

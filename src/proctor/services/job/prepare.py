@@ -1,0 +1,172 @@
+"""Preparation: what stands before the agent starts — the job's worktree cut from the base, the
+validation plan decided on the base's checkout (the agent must not pick its own test), the gate, the
+OS-enforced plan, the CLI's version, the repo's settings and its `setup` run in the worktree. The order is
+the rule: the hard-link check of the confinement plan sees the worktree before setup writes to it."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from proctor.contract import Code, RunAgentResult
+from proctor.mechanisms import confine
+from proctor.mechanisms.config.settings import RepoSettings
+from proctor.mechanisms.git import worktree
+from proctor.mechanisms.process.local import Limited, ProcessRunner, Spawn
+from proctor.mechanisms.validation import environment
+from proctor.mechanisms.validation import plan as vplan
+from proctor.services.job import gate
+from proctor.services.job.admit import Admitted
+from proctor.services.job.agent_version import VERSION_TIMEOUT_S, agent_version, executable, inside
+from proctor.services.job.boundary import confine_agent, hide_holdout, hide_home, main_repo, without_credentials
+from proctor.services.job.context import Job
+from proctor.services.job.record import validation_log
+from proctor.services.job.network import registry_proxy
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What the agent phase runs: its worktree, the validation plan fixed before it, the confined argv and
+    environment (credentials only there), the job's environment without them, and the limited runner the
+    agent shares with setup."""
+
+    wt: worktree.Worktree
+    plan: vplan.Plan
+    confined: confine.ConfinePlan
+    agent_env: dict[str, str]
+    env: dict[str, str]
+    runner: Limited
+
+
+def prepare(job: Job, admitted: Admitted, result: RunAgentResult) -> Prepared | None:
+    """The job prepared, or None with the result's code and a risk saying why nothing launched."""
+    req = job.request
+    job.progress.phase("creating the worktree")
+    wt = worktree.create(admitted.repo, job.job_id, req.ticket, admitted.base)
+    if isinstance(wt, worktree.Failure):
+        result.code, result.summary = Code(wt.code) if wt.code else Code.WORKTREE_FAILED, wt.reason
+        job.risks.append(wt.reason)
+        return None
+    result.worktree_path, result.branch = str(wt.path), wt.branch
+    job.risks.extend(worktree.checkout_risks(admitted.repo, admitted.base))
+    job.work = wt.path.with_name(f".{wt.path.name}.work")
+    # Decided on the fresh checkout of the base, before the agent runs: the agent must not pick its own test.
+    plan = vplan.given(req.validate_command) if req.validate_command else vplan.detect(wt.path)
+
+    started = gate.start(job, wt, result)
+    if isinstance(started, str):
+        result.code, result.summary = Code.CONFIG_INVALID, started
+        job.risks.append(f"{started}; nothing was launched")
+        return None
+    job.gate = started
+
+    env = dict(admitted.env)  # confine_agent takes the credentials out: the agent's alone
+    cplan = confine_agent(job, admitted.confiner, wt, list(admitted.invocation.argv), env)
+    if isinstance(cplan, confine.Unavailable):
+        result.code, result.summary = cplan.code, cplan.reason
+        job.risks.append(f"{cplan.reason}; nothing was launched")
+        return None
+    result.confinement = cplan.confinement
+    result.confinement_details = {**cplan.details, "gaps": cplan.gaps}
+    agent_env = {**env, **cplan.env, **(job.gate.dialect.env(job.gate.dir) if job.gate is not None else {})}
+    result.agent_version = _probe_version(job, admitted.confiner, wt, env)
+
+    # The job's limits (memory, pids, CPU weight; disk added to the worktree and the agent's TMPDIR). The
+    # stop switch is read once more by the runner, as the last thing before each spawn.
+    limited = Limited(job.runner, job.limits, (wt.path, job.agent_tmp))
+    job.settings = _repo_settings(job, wt)
+    if job.settings is not None and job.settings.setup:
+        _setup(job, wt, limited, env, result)
+    return Prepared(wt, plan, cplan, agent_env, env, limited)
+
+
+def _repo_settings(job: Job, wt: worktree.Worktree) -> RepoSettings | None:
+    cfg = environment.settings(job.config.repos, wt.repo.path, wt.repo.common_dir, wt.base_sha)
+    if isinstance(cfg, str):
+        job.risks.append(cfg)
+        return None
+    return cfg
+
+
+def _probe_version(job: Job, confiner: confine.Confiner, wt: worktree.Worktree, env: dict[str, str]) -> str | None:
+    """`CLI --version`, confined like the agent (network off, nothing writable but a scratch dir), in the
+    job's cgroup and under the stop switch: it runs code a previous job may have written."""
+    exe = executable(job.spec, env)
+    if exe is not None and job.state_dirs and inside(exe, job.state_dirs):
+        job.risks.append(f"the agent's executable {exe} is inside its writable state dirs: a job can rewrite "
+                         "what the next job runs")
+    scratch = job.agent_tmp / "version-probe"
+    roots = confine.job_roots(scratch, scratch, readonly=main_repo(wt), network=False)
+    env = without_credentials(job, env)  # it runs the CLI's code, which needs no login to say its version
+
+    def probe(argv: list[str]) -> tuple[int | None, bytes, bytes]:
+        req = roots if isinstance(roots, confine.Unavailable) else hide_home(job, roots, argv[:1])
+        if isinstance(req, confine.Unavailable):
+            return None, b"", b""
+        plan = confiner.wrap(argv, req)
+        if isinstance(plan, confine.Unavailable):
+            return None, b"", b""
+        ex = job.runner.run(Spawn(argv=plan.argv, cwd=scratch, env={**env, **plan.env}, deadline_s=VERSION_TIMEOUT_S,
+                                  name=f"version-{job.job_id}", poll=job.poll(), tail_bytes=64_000))
+        return ex.exit_code, ex.stdout, ex.stderr
+
+    return agent_version(job.spec, env, probe, job.state_dirs)
+
+
+def _setup(job: Job, wt: worktree.Worktree, runner: ProcessRunner, env: dict[str, str],
+           result: RunAgentResult) -> None:
+    """The repo's `setup` commands in the agent's worktree before it starts (so the agent can run the
+    tests as it works), confined like the agent, whose limits they share; their network is the repo's
+    `registries` only, through a proxy of their own. A failure is a risk, never the job's end: validation
+    runs setup again in its own checkout and judges there."""
+    cfg = job.settings
+    if cfg is None or job.confiner is None:
+        return
+    job.progress.phase("setting up the worktree")
+    # The same variables as before validation (PATH, the repo's venv, the tools' settings): one environment
+    # for the repo's commands, documented in README "The validation environment". What it names outside
+    # the worktree (a venv poetry keeps under ~/.cache) is shown read-only, as to validation.
+    jenv = environment.prepare(wt.path, wt.repo.path, vplan.Plan(()), cfg, tmp=job.agent_tmp / "setup-env",
+                               env=env, bind=False)
+    roots = hide_holdout(job, wt, confine.job_roots(wt.path, job.agent_tmp,
+                                                    readonly=(*main_repo(wt), *jenv.readonly),
+                                                    network=bool(cfg.registries)))
+    if not isinstance(roots, confine.Unavailable):
+        roots = hide_home(job, roots, ["/bin/sh"])
+    if isinstance(roots, confine.Unavailable):
+        job.risks.append(f"setup before the agent not run: {roots.reason}")
+        return
+    proxy = registry_proxy(job, cfg, "setup-egress.sock", "setup before the agent")
+    if isinstance(proxy, str):
+        job.risks.append(proxy)
+        return
+    if proxy is not None:
+        roots = dataclasses.replace(roots, egress_socket=proxy.socket_path,
+                                    egress=tuple(str(e) for e in proxy.allowed))
+    shared, dirs = environment.setup_env(jenv, network=proxy is not None)
+    try:
+        try:
+            for d in dirs:
+                d.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            job.risks.append(f"setup before the agent not run: its environment could not be made: {exc}")
+            return
+        steps, step_env = [], {**env, **shared}
+        for command in cfg.setup:
+            wrapped = job.confiner.wrap(["/bin/sh", "-c", command], roots)
+            if isinstance(wrapped, confine.Unavailable):
+                job.risks.append(f"setup before the agent not run: {wrapped.reason}")
+                return
+            steps.append(vplan.Step(f"setup before the agent: {command}", tuple(wrapped.argv)))
+            step_env.update(wrapped.env)  # the proxy's variables, when it has a network
+        run = vplan.run(vplan.Plan(tuple(steps)), runner, cwd=wt.path, env=step_env,
+                        timeout_s=job.config.validate_timeout, name=f"setup-{job.job_id}", poll=job.poll(),
+                        log=validation_log(job.job_id), watch=job.progress.watch(None))
+    finally:
+        if proxy is not None:
+            proxy.stop()
+    result.validation += [a.record() for a in run.attempts]
+    failed = [a for a in run.attempts if not a.passed]
+    if run.killed_reason or failed:
+        why = run.killed_reason or failed[0].line(job.config.validate_timeout)
+        job.risks.append(f"setup before the agent failed ({why}): the agent ran without it")
