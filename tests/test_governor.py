@@ -13,7 +13,8 @@ from conftest import Clock
 from proctor.mechanisms.adapters.output import Usage
 from proctor.contract import Code
 from proctor.mechanisms.policy.budget import PERIODS, BudgetTable
-from proctor.mechanisms.policy.governor import Booking, Denial, UsageGovernor, iso, key_for
+from proctor.mechanisms.policy.governor import Booking, Denial, UsageGovernor
+from proctor.mechanisms.policy.windows import iso, key_for
 from proctor.mechanisms.policy.tally import SqliteTally, Tally, Versioned
 from proctor.mechanisms.policy.trusted import Policy, PolicyError
 

@@ -18,7 +18,8 @@ import pytest
 
 from proctor.contract import Code, Status
 from proctor.mechanisms.policy.budget import BudgetTable
-from proctor.mechanisms.policy.governor import Booking, Denial, UsageGovernor, key_for
+from proctor.mechanisms.policy.governor import Booking, Denial, UsageGovernor
+from proctor.mechanisms.policy.windows import key_for
 from proctor.mechanisms.policy.tally import BUCKET, KvTally, SqliteTally, TallyError
 from proctor.mechanisms.queue import sender, server
 from proctor.mechanisms.queue.jetstream import JetStreamBackend

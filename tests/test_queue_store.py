@@ -15,7 +15,8 @@ from proctor.services.listen.listener import Listener, Settings
 from proctor.mechanisms.queue.memory import MemoryBackend
 from proctor.mechanisms.queue.results import open_result
 from proctor.mechanisms.queue.signers import load_trust
-from proctor.mechanisms.queue.store import ClaimOutcome, JobStore, Owner
+from proctor.mechanisms.queue.owner import Owner
+from proctor.mechanisms.queue.store import ClaimOutcome, JobStore
 from proctor.mechanisms.queue.testing import trusted_home
 
 CLAIM = {"nonce": "n", "seq": 7, "lane": "default", "kind": "noop", "expires_at": time.time() + 600,

@@ -28,6 +28,7 @@ from proctor.services.commands.declared import DeclaredWrites, declare
 from proctor.services.commands.environment import resolve_program, scrubbed_env
 from proctor.services.commands.errors import LedgerTamperedError, ProposalError, RequestCode, UndeclaredWritesError
 from proctor.services.commands.gates import first_failure
+from proctor.services.commands.journal import Journal
 from proctor.services.commands.pins import Pins
 from proctor.services.commands.request import CommandRequest, StdinContent, read_request, read_stdin
 from proctor.services.commands.result import CommandResult
@@ -36,54 +37,6 @@ from proctor.mechanisms.git.command import git
 from proctor.mechanisms.process.local import Exit, LocalRunner, ProcessRunner, Spawn
 from proctor.mechanisms.ledger.store import Ledger
 from proctor.mechanisms.policy.trusted import check_workspace
-
-
-class _Journal:
-    """The ledger as this run uses it: opened only when something is recorded (a dry run records nothing),
-    and checked when first opened: on a chain already broken nothing runs and nothing is appended (a row
-    chained onto an edited one would vouch for it)."""
-
-    def __init__(self, ledger: Ledger | None, *, record: bool) -> None:
-        self._ledger = ledger
-        self._owned = False
-        self._checked = False
-        self.record = record
-
-    def _open(self) -> Ledger:
-        if self._ledger is None:
-            self._ledger = Ledger.default()
-            self._owned = True
-        if not self._checked:
-            broken = self._ledger.chain_problems()
-            if broken:
-                raise LedgerTamperedError(
-                    f"the ledger {self._ledger.path} was changed outside proctor: {broken[0]}"
-                    + (f" (and {len(broken) - 1} more)" if len(broken) > 1 else "")
-                    + "; nothing ran and nothing was recorded. `proctor ledger verify` lists every problem; "
-                    "move the ledger aside (it is evidence) to start a new one"
-                )
-            self._checked = True
-        return self._ledger
-
-    def files(self) -> list[Path]:
-        """The ledger, its WAL and its head; none for a dry run without a ledger (nothing is fingerprinted)."""
-        if self._ledger is None and not self.record:
-            return []
-        led = self._open()
-        return [led.path, led.path.with_name(led.path.name + "-wal"), led.head_path]
-
-    def append(self, kind: str, payload: dict[str, Any], job_id: str | None = None) -> int | None:
-        return self._open().append(kind, payload, job_id=job_id) if self.record else None
-
-    def problems(self) -> list[str]:
-        try:
-            return self._open().verify()
-        except Exception as exc:  # a tampered file may not even open; the tamper error says so
-            return [f"ledger unreadable: {exc}"]
-
-    def close(self) -> None:
-        if self._owned and self._ledger is not None:
-            self._ledger.close()
 
 
 @dataclass(frozen=True)
@@ -171,7 +124,7 @@ def _prepare(
     timeout_cap: float | None,
     expect_agent: str | None,
     refuse_agents: Collection[str],
-    journal: _Journal,
+    journal: Journal,
 ) -> _Plan:
     allow = policy if isinstance(policy, Allowlist) else Allowlist.load(policy)
     proj = _project(project)
@@ -298,7 +251,7 @@ def _code(done: Exit, *, pidns: bool) -> RequestCode:
     return RequestCode.OK if done.exit_code == 0 else RequestCode.EXIT_NONZERO
 
 
-def _execute(plan: _Plan, journal: _Journal, runner: ProcessRunner) -> CommandResult:
+def _execute(plan: _Plan, journal: Journal, runner: ProcessRunner) -> CommandResult:
     req = plan.request
     request_id = f"rr-{uuid.uuid4().hex[:16]}"
     stdin_bytes = plan.stdin.content.encode("utf-8") if plan.stdin is not None else None
@@ -336,7 +289,7 @@ def _wrapped_spawn_error(plan: _Plan, run: confined.ConfinedRun | isolation.Unco
 
 
 def _run(
-    plan: _Plan, journal: _Journal, runner: ProcessRunner, run: confined.ConfinedRun | isolation.UnconfinedRun,
+    plan: _Plan, journal: Journal, runner: ProcessRunner, run: confined.ConfinedRun | isolation.UnconfinedRun,
     request_id: str, stdin_bytes: bytes | None,
 ) -> CommandResult:
     req, entry = plan.request, plan.entry
@@ -443,7 +396,7 @@ def run_request(
     """
     if timeout_cap is not None and not timeout_cap > 0:
         raise ValueError(f"timeout_cap must be positive seconds, not {timeout_cap!r}")
-    journal = _Journal(ledger, record=not dry_run)
+    journal = Journal(ledger, record=not dry_run)
     try:
         try:
             plan = _prepare(

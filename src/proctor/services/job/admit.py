@@ -13,7 +13,8 @@ from proctor.mechanisms.adapters.spec import Invocation, Refused, build, pool_ke
 from proctor.mechanisms.git import worktree
 from proctor.mechanisms.ledger.store import LedgerError
 from proctor.mechanisms.policy.breaker import Breaker, evidence_for
-from proctor.mechanisms.policy.governor import Booking, iso
+from proctor.mechanisms.policy.governor import Booking
+from proctor.mechanisms.policy.windows import iso
 from proctor.services.job import record
 from proctor.services.job.attempts import missing_program
 from proctor.services.job.boundary import agent_env

@@ -18,7 +18,8 @@ import click
 from proctor.surfaces.cli.main import main
 from proctor.contract import Code
 from proctor.home import ensure_home
-from proctor.mechanisms.policy.governor import UsageGovernor, iso
+from proctor.mechanisms.policy.governor import UsageGovernor
+from proctor.mechanisms.policy.windows import iso
 from proctor.mechanisms.policy.tally import SqliteTally, Tally, TallyError, fleet_tally
 from proctor.mechanisms.policy.trusted import Policy, PolicyError
 from proctor.mechanisms.terminal import json_safe, visible
