@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
@@ -263,9 +264,10 @@ def run_agent(
     name = _name_of(adapter)
     started = clock()
     rec = _Recorder(ledger, job_id)
-    out: dict[str, Any] = {}
+    run = _Run(adapter, name, policy, dry_run, rec, stop_reason, clock, started)
+    out = run.out
     try:
-        code, reason = _run(adapter, name, task, policy, dry_run, breaker, rec, stop_reason, clock, started, out)
+        code, reason = _run(run, task, breaker)
     except Exception as exc:  # noqa: BLE001 - a bug in proctor is still an outcome, never a traceback
         code, reason = RunCode.INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}"
     if code in (RunCode.SELF_REPORTED, RunCode.DRY_RUN) and rec.failure is None:
@@ -294,19 +296,24 @@ def _name_of(adapter: object) -> str:
     return name if isinstance(name, str) and name else type(adapter).__name__
 
 
-def _run(
-    adapter: object,
-    name: str,
-    task: AgentTask | Mapping[str, Any],
-    policy: Policy,
-    dry_run: bool,
-    breaker: Breaker,
-    rec: _Recorder,
-    stop_reason: Callable[[], str | None],
-    clock: Callable[[], float],
-    started: float,
-    out: dict[str, Any],
-) -> tuple[RunCode, str]:
+@dataclass(frozen=True)
+class _Run:
+    """One run as `run_agent` set it up: what the checks and the loop read, and `out`, where the loop puts
+    the adapter's finished event."""
+
+    adapter: object
+    name: str
+    policy: Policy
+    dry_run: bool
+    rec: _Recorder
+    stop_reason: Callable[[], str | None]
+    clock: Callable[[], float]
+    started: float
+    out: dict[str, Any] = field(default_factory=dict)
+
+
+def _run(run: _Run, task: AgentTask | Mapping[str, Any], breaker: Breaker) -> tuple[RunCode, str]:
+    adapter, name, dry_run, rec, stop_reason = run.adapter, run.name, run.dry_run, run.rec, run.stop_reason
     goal = task.goal if isinstance(task, AgentTask) else None
     if not rec.append("run.start", {"adapter": name, "goal": goal, "dry_run": dry_run}):
         return RunCode.LEDGER_FAILED, rec.failure or "ledger append failed"
@@ -339,7 +346,7 @@ def _run(
         return RunCode(admission.code.value), admission.reason
     code, reason, retry_after = RunCode.INTERNAL_ERROR, "the loop did not finish", None
     try:
-        code, reason = _loop(adapter, task, policy, dry_run, rec, stop_reason, clock, started, out)
+        code, reason = _loop(run, adapter, task)
     except _End as end:
         code, reason, retry_after = end.code, end.reason, end.retry_after_s
     finally:
@@ -351,19 +358,10 @@ def _run(
     return code, reason
 
 
-def _loop(
-    adapter: AgentRuntime,
-    task: AgentTask,
-    policy: Policy,
-    dry_run: bool,
-    rec: _Recorder,
-    stop_reason: Callable[[], str | None],
-    clock: Callable[[], float],
-    started: float,
-    out: dict[str, Any],
-) -> tuple[RunCode, str]:
-    gate = Gate(task, policy=policy, dry_run=dry_run, stop=stop_reason, on_decision=rec.decision)
-    usage = Usage(gate.limits, clock, started, gate)
+def _loop(run: _Run, adapter: AgentRuntime, task: AgentTask) -> tuple[RunCode, str]:
+    rec, stop_reason, out = run.rec, run.stop_reason, run.out
+    gate = Gate(task, policy=run.policy, dry_run=run.dry_run, stop=stop_reason, on_decision=rec.decision)
+    usage = Usage(gate.limits, run.clock, run.started, gate)
 
     def checkpoint() -> None:
         if rec.failure is not None:
