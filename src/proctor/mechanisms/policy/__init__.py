@@ -3,10 +3,11 @@
     task      the declared task: tools, effects, permissions, limits
     trusted   the trusted policy (policy.toml): ceilings, forbidden effects, approvals, budgets
     gate      a tool call decided before it runs, with a stable code
-    runtime   the gate as a running job asks it, with its ledger rows and grants
+    diffcheck a job's diff held against what its task declared
+    runtime   the in-process loop: an adapter's events, each tool call through the gate, its ledger rows
     stop      the stop switch
     breaker   the circuit breaker per credential pool
-    budget, governor, tally   spend budgets, booked before launch by compare-and-set
+    budget, windows, governor, tally   spend budgets, booked before launch by compare-and-set
 
 It imports nothing of the job path (proctor.services.job): the job path asks it.
 """
