@@ -9,6 +9,7 @@ targets over plain: Landlock <= +2 ms, bwrap <= +10 ms, both <= +12 ms. Exit 1 w
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import subprocess
 import sys
@@ -50,8 +51,8 @@ def main(n: int) -> int:
           f"Landlock ABI {caps.landlock_abi} ({caps.landlock_reason}); helper: {caps.helper_reason}")
     with tempfile.TemporaryDirectory() as tmp:
         main_repo, wt = _repo(Path(tmp))
-        req = job_roots(main_repo / ".git", main_repo / ".git" / "worktrees" / "wt", "wt/bench/T", wt,
-                        Path(tmp) / "jobtmp")  # the real $PROCTOR_HOME: hidden, as in a job
+        # As a job's: the worktree and its tmpdir writable, the main repo read-only; the real $PROCTOR_HOME hidden.
+        req = job_roots(wt, Path(tmp) / "jobtmp", readonly=(main_repo, main_repo / ".git"))
         assert not isinstance(req, Unavailable), req
         argvs = {"plain": ["true"]}
         for name, (use_bwrap, use_landlock) in LAYERS.items():
@@ -75,4 +76,6 @@ def main(n: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1]) if len(sys.argv) > 1 else 100))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("n", nargs="?", type=int, default=100, help="interleaved runs of each variant (default 100)")
+    sys.exit(main(ap.parse_args().n))

@@ -25,7 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from proctor.mechanisms.gatekeeper.service import ClaudeDialect, GateService, default_task
+from proctor.mechanisms.gatekeeper.claude import ClaudeDialect
+from proctor.mechanisms.gatekeeper.service import GateService
+from proctor.mechanisms.gatekeeper.task import default_task
 from proctor.mechanisms.ledger.store import Ledger
 from proctor.mechanisms.policy.trusted import Ceilings, Policy
 

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import psutil
 
-from proctor.mechanisms.process.local import LocalRunner, Spawn
+from proctor.mechanisms.process.local import LocalRunner
+from proctor.mechanisms.process.spawn import Spawn
 
 PAYLOAD = r"""
 import os, sys, time

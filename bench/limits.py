@@ -19,8 +19,9 @@ import threading
 import time
 from pathlib import Path
 
-from proctor.mechanisms.confine.cgroup import Limits
-from proctor.mechanisms.process.local import LocalRunner, Spawn
+from proctor.mechanisms.confine.limits import Limits
+from proctor.mechanisms.process.local import LocalRunner
+from proctor.mechanisms.process.spawn import Spawn
 
 PY = sys.executable
 

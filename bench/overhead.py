@@ -65,7 +65,7 @@ PHASES = (  # (name, the functions whose time is the phase's), in the job's orde
      ("gate.start", "prepare.confine_agent", "prepare._probe_version", "prepare._repo_settings", "prepare._setup")),
     ("agent spawn (run_attempts)", ("agent.run_attempts",)),
     ("landing (scan, hash, commit, checkout)", ("land.land",)),
-    ("  of which the scan", ("landing.scan",)),
+    ("  of which the scan", ("scan.scan",)),
     ("diff risks", ("land.diff_risks",)),
     ("validation", ("validate.validate",)),
     ("review checkout", ("land.review_checkout",)),
@@ -77,11 +77,11 @@ def time_phases() -> list[dict[str, float]]:
     `proctor_once` callers: one dict per job)."""
     import functools
 
-    from proctor.mechanisms.git import landing, worktree
+    from proctor.mechanisms.git import landing, scan, worktree
     from proctor.services.job import agent, gate, land, prepare, validate
 
     runs: list[dict[str, float]] = []
-    mods = {"worktree": worktree, "landing": landing, "gate": gate, "prepare": prepare, "agent": agent,
+    mods = {"worktree": worktree, "landing": landing, "scan": scan, "gate": gate, "prepare": prepare, "agent": agent,
             "land": land, "validate": validate}
     for _, names in PHASES:
         for name in names:
@@ -114,7 +114,8 @@ def print_phases(runs: list[dict[str, float]], totals: list[float]) -> None:
 DRAIN_CHILD = r"""
 import resource, sys, time, json
 from pathlib import Path
-from proctor.mechanisms.process.local import LocalRunner, Spawn
+from proctor.mechanisms.process.local import LocalRunner
+from proctor.mechanisms.process.spawn import Spawn
 n = int(sys.argv[1])
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t0 = time.perf_counter()

@@ -31,7 +31,7 @@ from pathlib import Path
 import nats
 from nats.js.api import ConsumerConfig, RetentionPolicy, StreamConfig
 
-from proctor.mechanisms.config.load import QueueSettings
+from proctor.mechanisms.config.model import QueueSettings
 from proctor.mechanisms.queue import connection, sender, server
 from proctor.mechanisms.queue.jetstream import JetStreamBackend
 from proctor.mechanisms.queue.envelope import unseal

@@ -37,6 +37,8 @@ from proctor.mechanisms.config.load import load_config
 from proctor.mechanisms.confine import detect
 from proctor.contract import Code
 from proctor.mechanisms.validation import environment, plan as validate
+from proctor.mechanisms.validation.probe import judge
+from proctor.mechanisms.validation.venvs import hatch_env_path, poetry_env_name, python_env
 from proctor.mechanisms.ledger.store import Ledger
 
 CAPS = detect()
@@ -298,7 +300,7 @@ def poetry_project(tmp_path_factory):
     repo = fx.require(fx.make_repo, "python-poetry", root)
     venvs = root / "poetry-virtualenvs"
     minor = f"{sys.version_info.major}.{sys.version_info.minor}"
-    venv = venvs / f"{environment.poetry_env_name('six', repo)}-py{minor}"
+    venv = venvs / f"{poetry_env_name('six', repo)}-py{minor}"
     fx.require(fx.make_venv, venv, repo)
     return repo, venvs, venv
 
@@ -625,10 +627,10 @@ def test_the_package_under_test_found_in_a_share_is_outside_the_tree(tmp_path):
     assert jenv.shares
     stale = str(tree / "node_modules" / "p" / "index.js")
     out = f"PROCTOR-PROBE {json.dumps({'self': stale, 'entry': str(tree / 'index.js'), 'links': []})}".encode()
-    risks, _ = environment.judge(jenv, "node", out)
+    risks, _ = judge(jenv, "node", out)
     assert len(risks) == 1 and stale in risks[0]
     py = f"PROCTOR-PROBE {json.dumps({'p': {'origin': str(tree / 'node_modules/p/__init__.py')}})}".encode()
-    assert environment.judge(jenv, "python", py)[0]
+    assert judge(jenv, "python", py)[0]
 
 
 # -- the repo's Python environment, found as its manager finds it (no manager is run) -------------------------
@@ -652,13 +654,13 @@ def project(root: Path, pyproject: str, *files: str) -> Path:
 def test_the_managers_names_for_a_project_dir_are_the_tools_own():
     """Known answers from the tools themselves (poetry 2.5.1 `poetry env use`, hatch 1.18.2 `hatch env
     find`), for these exact paths: the hash is of the project dir's path, so only a fixed path can be checked."""
-    assert environment.poetry_env_name("My.Demo_proj", Path("/tmp/eco24/pp/My.Demo_proj")) == "my-demo-proj-oYsyJL5u"
+    assert poetry_env_name("My.Demo_proj", Path("/tmp/eco24/pp/My.Demo_proj")) == "my-demo-proj-oYsyJL5u"
     home = Path("/tmp/eco24/fakehome")
-    assert environment.hatch_env_path(home / ".local/share/hatch/env/virtual", "Hatch_Demo.x",
-                                      Path("/tmp/eco24/hp/Hatch_Demo.x"), home) == \
+    assert hatch_env_path(home / ".local/share/hatch/env/virtual", "Hatch_Demo.x",
+                          Path("/tmp/eco24/hp/Hatch_Demo.x"), home) == \
         home / ".local/share/hatch/env/virtual/hatch-demo-x/yCCWMTxl/hatch-demo-x"
     # Beside them, what differs: another dir, another name.
-    assert environment.poetry_env_name("My.Demo_proj", Path("/tmp/eco24/pp/other")) != "my-demo-proj-oYsyJL5u"
+    assert poetry_env_name("My.Demo_proj", Path("/tmp/eco24/pp/other")) != "my-demo-proj-oYsyJL5u"
 
 
 def test_python_env_per_manager(tmp_path):
@@ -666,46 +668,46 @@ def test_python_env_per_manager(tmp_path):
     # uv: the in-project .venv, and the switches that keep `uv run` on it
     uv = project(tmp_path / "uv", '[project]\nname = "a"\n', "uv.lock")
     fake_venv(uv / ".venv")
-    found, why = environment.python_env(uv, {}, home)
+    found, why = python_env(uv, {}, home)
     assert found and found.manager == "uv" and found.venv == uv / ".venv" and why is None
     assert dict(found.env)["UV_PROJECT_ENVIRONMENT"] == str(uv / ".venv") and dict(found.env)["UV_NO_SYNC"] == "1"
     # ... or where UV_PROJECT_ENVIRONMENT says (relative to the project)
     fake_venv(uv / "envs" / "dev")
-    found, _ = environment.python_env(uv, {"UV_PROJECT_ENVIRONMENT": "envs/dev"}, home)
+    found, _ = python_env(uv, {"UV_PROJECT_ENVIRONMENT": "envs/dev"}, home)
     assert found.venv == uv / "envs" / "dev"
     # poetry: in-project first; with in-project = false (poetry.toml), the cache venv envs.toml names
     po = project(tmp_path / "po", '[tool.poetry]\nname = "My_Pkg"\n', "poetry.lock")
     fake_venv(po / ".venv")
-    assert environment.python_env(po, {}, home)[0].venv == po / ".venv"
+    assert python_env(po, {}, home)[0].venv == po / ".venv"
     (po / "poetry.toml").write_text("[virtualenvs]\nin-project = false\n")
     venvs = home / ".cache" / "pypoetry" / "virtualenvs"
-    base = environment.poetry_env_name("My_Pkg", po)
+    base = poetry_env_name("My_Pkg", po)
     fake_venv(venvs / f"{base}-py3.10")
     fake_venv(venvs / f"{base}-py3.11")
-    found, why = environment.python_env(po, {}, home)  # two, and nothing to say which: neither
+    found, why = python_env(po, {}, home)  # two, and nothing to say which: neither
     assert "envs.toml names none" in why, why
     assert found.manager is None and found.venv == po / ".venv"  # the plain .venv, the risk saying why
     shutil.rmtree(po / ".venv")
-    assert environment.python_env(po, {}, home)[0] is None
+    assert python_env(po, {}, home)[0] is None
     (venvs / "envs.toml").write_text(f'[{base}]\nminor = "3.11"\npatch = "3.11.7"\n')
-    assert environment.python_env(po, {}, home)[0].venv == venvs / f"{base}-py3.11"
+    assert python_env(po, {}, home)[0].venv == venvs / f"{base}-py3.11"
     # pdm: the interpreter `pdm use` recorded
     pd = project(tmp_path / "pd", '[project]\nname = "p"\n', "pdm.lock")
     elsewhere = fake_venv(tmp_path / "pdm-venv")
     (pd / ".pdm-python").write_text(f"{elsewhere}/bin/python\n")
-    found, _ = environment.python_env(pd, {}, home)
+    found, _ = python_env(pd, {}, home)
     assert found.venv == elsewhere and dict(found.env)["PDM_PYTHON"] == str(elsewhere / "bin" / "python")
     # hatch: the default environment's venv under hatch's data dir
     ha = project(tmp_path / "ha", '[project]\nname = "H"\n[tool.hatch.envs.default]\ndependencies = []\n')
-    target = environment.hatch_env_path(home / ".local/share/hatch/env/virtual", "H", ha, home)
-    assert environment.python_env(ha, {}, home)[0] is None
+    target = hatch_env_path(home / ".local/share/hatch/env/virtual", "H", ha, home)
+    assert python_env(ha, {}, home)[0] is None
     fake_venv(target)
-    assert environment.python_env(ha, {}, home)[0].venv == target
+    assert python_env(ha, {}, home)[0].venv == target
     # No manager: a plain .venv; a hatchling build backend alone names none
     plain = project(tmp_path / "plain", '[build-system]\nbuild-backend = "hatchling.build"\n')
-    assert environment.python_env(plain, {}, home) == (None, None)
+    assert python_env(plain, {}, home) == (None, None)
     fake_venv(plain / ".venv")
-    found, why = environment.python_env(plain, {}, home)
+    found, why = python_env(plain, {}, home)
     assert found.manager is None and found.venv == plain / ".venv" and why is None
 
 
@@ -717,7 +719,7 @@ def test_a_venv_outside_the_checkout_is_shown_to_the_sandbox(tmp_path):
     venvs = tmp_path / "venvs"
     python = tmp_path / "home" / ".pyenv" / "versions" / "3.11.7"  # a Python installed under the hidden home
     (python / "bin").mkdir(parents=True)
-    venv = fake_venv(venvs / f"{environment.poetry_env_name('m', main)}-py3.11", python / "bin")
+    venv = fake_venv(venvs / f"{poetry_env_name('m', main)}-py3.11", python / "bin")
     jenv = environment.prepare(tree, main, validate.detect(tree), tmp=tmp_path / "t",
                                env={"HOME": str(tmp_path / "jobhome"), "PATH": "/usr/bin"},
                                host={"HOME": str(tmp_path / "home"), "POETRY_VIRTUALENVS_PATH": str(venvs)})

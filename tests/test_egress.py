@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 
-from proctor.mechanisms.confine.egress import EgressProxy, Limits, parse_endpoint, proxy_env
+from proctor.mechanisms.confine.egress import EgressProxy, Limits
+from proctor.mechanisms.confine.endpoints import parse_endpoint
+from proctor.mechanisms.confine.relay import proxy_env
 
 
 @pytest.mark.parametrize(("entry", "text"), [

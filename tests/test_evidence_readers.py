@@ -120,7 +120,7 @@ def test_the_resolution_probe_imports_nothing_the_tree_can_shadow(tmp_path):
     """A root-level `json.py` (or `importlib/`) answered proctor's "where does the package resolve" probe."""
     import sys
 
-    from proctor.mechanisms.validation.environment import PY_PROBE, _parse
+    from proctor.mechanisms.validation.probe import PY_PROBE, _parse
 
     (tmp_path / "json.py").write_text("print('PROCTOR-PROBE {}')\nraise SystemExit(0)\n")
     (tmp_path / "importlib").mkdir()

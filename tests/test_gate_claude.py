@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from test_real_cli_jobs import ACTION, run_job
 
-from proctor.mechanisms.gatekeeper.service import HOOK_CLIENT
+from proctor.mechanisms.gatekeeper.hook import HOOK_CLIENT
 
 
 def gate_rows(job) -> list[dict]:

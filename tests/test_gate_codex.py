@@ -27,7 +27,8 @@ from proctor.mechanisms.adapters.spec import build
 from proctor.mechanisms.config.load import builtin_agents, load_config
 from proctor.contract import Code, RunAgentRequest, Status
 from proctor.mechanisms.gatekeeper.codex import CodexDialect, command_key
-from proctor.mechanisms.gatekeeper.service import DIALECTS, HOOK_CLIENT
+from proctor.mechanisms.gatekeeper.hook import HOOK_CLIENT
+from proctor.mechanisms.gatekeeper.service import DIALECTS
 from proctor.services.job.run_agent import run_agent
 from proctor.mechanisms.policy.gate import CallVerdict, Decision, GateCode
 

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from proctor.mechanisms.gatekeeper import service as gatekeeper
-from proctor.mechanisms.gatekeeper.service import ClaudeDialect, GateService, default_task
+from proctor.mechanisms.gatekeeper import intake as gatekeeper
+from proctor.mechanisms.gatekeeper.claude import ClaudeDialect
+from proctor.mechanisms.gatekeeper.service import GateService
+from proctor.mechanisms.gatekeeper.task import default_task
 from proctor.mechanisms.ledger.store import Ledger
 from proctor.mechanisms.policy.trusted import Policy
 
@@ -86,7 +88,9 @@ HOST = r"""
 import json, sys, threading, time
 from pathlib import Path
 import psutil
-from proctor.mechanisms.gatekeeper.service import ClaudeDialect, GateService, default_task
+from proctor.mechanisms.gatekeeper.claude import ClaudeDialect
+from proctor.mechanisms.gatekeeper.service import GateService
+from proctor.mechanisms.gatekeeper.task import default_task
 from proctor.mechanisms.ledger.store import Ledger
 from proctor.mechanisms.policy.trusted import Policy
 tmp = Path(sys.argv[1])

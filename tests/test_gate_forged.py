@@ -25,7 +25,10 @@ import pytest
 
 from proctor.mechanisms.config.load import load_config
 from proctor.contract import Code, RunAgentRequest, Status
-from proctor.mechanisms.gatekeeper.service import ClaudeDialect, GateService, StreamLines, default_task
+from proctor.mechanisms.gatekeeper.claude import ClaudeDialect
+from proctor.mechanisms.gatekeeper.service import GateService
+from proctor.mechanisms.gatekeeper.stream import StreamLines
+from proctor.mechanisms.gatekeeper.task import default_task
 from proctor.services.job.run_agent import run_agent
 from proctor.mechanisms.ledger.store import Ledger
 from proctor.mechanisms.policy.trusted import Policy

@@ -24,7 +24,9 @@ from proctor.mechanisms.adapters.output import read_gemini_stream
 from proctor.mechanisms.config.load import load_config
 from proctor.contract import Code, RunAgentRequest, Status
 from proctor.mechanisms.gatekeeper.gemini import GeminiDialect
-from proctor.mechanisms.gatekeeper.service import HOOK_CLIENT, default_task, input_digest
+from proctor.mechanisms.gatekeeper.grant import input_digest
+from proctor.mechanisms.gatekeeper.hook import HOOK_CLIENT
+from proctor.mechanisms.gatekeeper.task import default_task
 from proctor.services.job.run_agent import run_agent
 from proctor.mechanisms.policy.gate import CallVerdict, Decision, GateCode
 from proctor.mechanisms.policy.task import AgentTask

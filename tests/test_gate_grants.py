@@ -20,13 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from proctor.mechanisms.gatekeeper.service import (
-    ClaudeDialect,
-    GateService,
-    default_task,
-    input_digest,
-)
-from proctor.mechanisms.ledger.store import LEDGER_FILE, Entry, Ledger
+from proctor.mechanisms.gatekeeper.claude import ClaudeDialect
+from proctor.mechanisms.gatekeeper.grant import input_digest
+from proctor.mechanisms.gatekeeper.service import GateService
+from proctor.mechanisms.gatekeeper.task import default_task
+from proctor.mechanisms.ledger.rows import Entry
+from proctor.mechanisms.ledger.store import LEDGER_FILE, Ledger
 from proctor.mechanisms.policy.trusted import Policy
 
 PROCTOR = str(Path(sys.executable).with_name("proctor"))

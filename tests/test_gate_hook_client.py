@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 
 from proctor.mechanisms.gatekeeper import hook_client
-from proctor.mechanisms.gatekeeper import service as gatekeeper
-from proctor.mechanisms.gatekeeper.service import ClaudeDialect, GateService, default_task
+from proctor.mechanisms.gatekeeper import hook as gatekeeper
+from proctor.mechanisms.gatekeeper.claude import ClaudeDialect
+from proctor.mechanisms.gatekeeper.service import GateService
+from proctor.mechanisms.gatekeeper.task import default_task
 from proctor.mechanisms.ledger.store import Ledger
 from proctor.mechanisms.policy.trusted import Policy
 
@@ -170,7 +172,9 @@ def test_the_compiled_client_with_its_gate_gone_denies(tmp_path):
 HOST = r"""
 import json, sys, time
 from pathlib import Path
-from proctor.mechanisms.gatekeeper.service import ClaudeDialect, GateService, default_task
+from proctor.mechanisms.gatekeeper.claude import ClaudeDialect
+from proctor.mechanisms.gatekeeper.service import GateService
+from proctor.mechanisms.gatekeeper.task import default_task
 from proctor.mechanisms.ledger.store import Ledger
 from proctor.mechanisms.policy.trusted import Policy
 tmp = Path(sys.argv[1])

@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from proctor.mechanisms.gatekeeper.claude import CLAUDE_TOOLS
 from proctor.mechanisms.gatekeeper.codex import CodexDialect, PatchError, parse_patch
-from proctor.mechanisms.gatekeeper.gemini import GeminiDialect, GlobError, brace_expand, system_file_loads
-from proctor.mechanisms.gatekeeper.service import CLAUDE_TOOLS, measured
+from proctor.mechanisms.gatekeeper.gemini import GeminiDialect, system_file_loads
+from proctor.mechanisms.gatekeeper.gemini_glob import GlobError, brace_expand
+from proctor.mechanisms.gatekeeper.task import measured
 from proctor.mechanisms.policy.diffcheck import undeclared
 from proctor.mechanisms.policy.gate import Gate, GateCode
 from proctor.mechanisms.policy.task import AgentTask
@@ -220,7 +222,7 @@ def test_brace_expansion_matches_the_one_gemini_bundles(tmp_path):
 
 def test_a_skill_declared_harmless_is_still_a_shell(ws):
     payload = {"tool_name": "Skill", "tool_input": {"skill": "commit"}, "tool_use_id": "s1"}
-    from proctor.mechanisms.gatekeeper.service import ClaudeDialect
+    from proctor.mechanisms.gatekeeper.claude import ClaudeDialect
 
     d = decide(ClaudeDialect(), task(ws, {"Skill": "none"}), payload, ws)
     assert d.code is GateCode.PERMISSION and "'shell'" in d.reason, d
@@ -275,7 +277,8 @@ def test_the_real_gemini_is_gated_in_every_confinement_mode(confine, tmp_path):
 
 
 def test_an_mcp_resource_tool_is_a_shell_and_never_in_a_default_task(ws):
-    from proctor.mechanisms.gatekeeper.service import ClaudeDialect, default_task
+    from proctor.mechanisms.gatekeeper.claude import ClaudeDialect
+    from proctor.mechanisms.gatekeeper.task import default_task
 
     assert "ReadMcpResourceTool" not in {t.name for t in default_task("g", ws, True, CLAUDE_TOOLS).tools}
     call = {"tool_name": "ReadMcpResourceTool", "tool_input": {"server": "s", "uri": "x"}, "tool_use_id": "r1"}

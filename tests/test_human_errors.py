@@ -20,7 +20,7 @@ from proctor.mechanisms.config.load import ConfigError, key_lines, load_config
 from proctor.contract import Code, RunAgentRequest, Status
 from proctor.services.job.attempts import exec_missing, missing_program, run_attempts, tmpfs_hint
 from proctor.services.job.run_agent import run_agent
-from proctor.mechanisms.process.local import Exit, Spawn
+from proctor.mechanisms.process.spawn import Exit, Spawn
 from proctor.services.job.progress import NullProgress
 from proctor.services.review import gc as gc_mod
 from proctor.services.review.jobs import Job

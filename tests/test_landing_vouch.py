@@ -25,6 +25,9 @@ from conftest import make_repo, sh
 from proctor import RunAgentRequest, Status, run_agent
 from proctor.mechanisms.config.load import load_config
 from proctor.mechanisms.git import landing, vouch, worktree
+from proctor.mechanisms.git.materialise import materialise
+from proctor.mechanisms.git.scan import Scan
+from proctor.mechanisms.git.scan import scan as scan_dir
 
 PY_REPO = {"pyproject.toml": "[project]\nname = 'calc'\nversion = '0'\n",
            "calc.py": "def add(a, b):\n    return a - b\n",
@@ -106,8 +109,8 @@ def _land(wt: worktree.Worktree, tmp_path: Path, recorded: bool = True, **scan) 
     work = wt.path.with_name(f".{wt.path.name}.work")
     os.rename(wt.path, work)
     wt.path.mkdir()
-    found = landing.scan(work, **scan)
-    assert isinstance(found, landing.Scan)
+    found = scan_dir(work, **scan)
+    assert isinstance(found, Scan)
     built = landing.build(work, wt.path / ".git", wt, Path(tempfile.mkdtemp(dir=tmp_path)), found, "m\n")
     assert isinstance(built, landing.Landing), built
     return built
@@ -145,7 +148,7 @@ def test_a_change_within_the_records_tick_is_hashed(tmp_path):
     os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
     now = os.lstat(target)
     assert (now.st_size, now.st_mtime_ns, now.st_ino) == (before.st_size, before.st_mtime_ns, before.st_ino)
-    found = landing.scan(wt.path)
+    found = scan_dir(wt.path)
     same_tick = _forge(wt.recorded, "calc.py", now, since=now.st_ctime_ns)
     compared = vouch.compare(same_tick, found.seen)
     assert [p for p, _, _ in compared.changed] == ["calc.py"]
@@ -166,13 +169,13 @@ def test_a_ctime_rewind_is_not_possible_and_mtime_alone_proves_nothing(tmp_path)
     after = os.lstat(target)
     assert after.st_mtime_ns == before.st_mtime_ns and after.st_ctime_ns > before.st_ctime_ns
     assert after.st_ctime_ns >= wt.recorded.since
-    compared = vouch.compare(wt.recorded, landing.scan(wt.path).seen)
+    compared = vouch.compare(wt.recorded, scan_dir(wt.path).seen)
     assert [p for p, _, _ in compared.changed] == ["calc.py"]  # hashed (and found unchanged: not in the diff)
 
 
 def test_a_clean_checkout_is_vouched_for_but_its_racy_entries(tmp_path):
     _repo, wt = _worktree(tmp_path, {f"d{i % 7}/f{i}.txt": f"{i}\n" for i in range(300)})
-    compared = vouch.compare(wt.recorded, landing.scan(wt.path).seen)
+    compared = vouch.compare(wt.recorded, scan_dir(wt.path).seen)
     racy = {p for p, _, _ in compared.changed}
     recorded_ctime = {p: os.lstat(wt.path / p).st_ctime_ns for p in compared.modes}
     assert racy == {p for p, c in recorded_ctime.items() if c >= wt.recorded.since}
@@ -182,7 +185,7 @@ def test_a_clean_checkout_is_vouched_for_but_its_racy_entries(tmp_path):
 
 def test_an_unreadable_record_vouches_for_nothing(tmp_path):
     _repo, wt = _worktree(tmp_path, dict(PY_REPO))
-    seen = landing.scan(wt.path).seen
+    seen = scan_dir(wt.path).seen
     data = wt.recorded.data
     for bad in (data[:40], b"DIRC" + (4).to_bytes(4, "big") + data[8:], data[:-30]):
         assert vouch.compare(vouch.Recorded(bad, wt.recorded.since), seen) is None
@@ -310,7 +313,7 @@ def test_review_keeps_what_validation_left_alone_and_rewrites_the_rest(tmp_path)
     os.symlink("/etc/passwd", work / "d0" / "f10.txt.tmp")
     os.replace(work / "d0" / "f10.txt.tmp", work / "d0" / "f10.txt")
     (work / ".git").mkdir(exist_ok=True)
-    assert landing.materialise(work, built.git_dir, built.tree, built.index, known=known) is None
+    assert materialise(work, built.git_dir, built.tree, built.index, known=known) is None
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     sh("git", "--git-dir", str(built.git_dir), "--work-tree", str(fresh), "read-tree", "--reset", "-u", built.commit)
@@ -319,7 +322,7 @@ def test_review_keeps_what_validation_left_alone_and_rewrites_the_rest(tmp_path)
     assert rewritten == {"d1/f1.txt", "d2/f2.txt", "x.sh", "d0/f5.txt", "d0/f10.txt"}
     # and the record is current: a second pass with nothing changed keeps everything
     again = {p: os.lstat(work / p).st_ino for p in known.modes}
-    assert landing.materialise(work, built.git_dir, built.tree, built.index, known=known) is None
+    assert materialise(work, built.git_dir, built.tree, built.index, known=known) is None
     assert {p: os.lstat(work / p).st_ino for p in known.modes} == again
 
 
@@ -330,9 +333,9 @@ def test_another_tree_and_back(tmp_path):
     (wt.path / "new.txt").write_text("n\n")
     built = _land(wt, tmp_path)
     work = _work(wt)
-    assert landing.materialise(work, built.git_dir, built.base_sha, built.index, known=built.known) is None
+    assert materialise(work, built.git_dir, built.base_sha, built.index, known=built.known) is None
     assert (work / "t" / "test_x.py").read_text() == "x = 1\n" and not (work / "new.txt").exists()
-    assert landing.materialise(work, built.git_dir, built.tree, built.index, known=built.known) is None
+    assert materialise(work, built.git_dir, built.tree, built.index, known=built.known) is None
     assert (work / "t" / "test_x.py").read_text() == "x = 2\n" and (work / "new.txt").read_text() == "n\n"
     env = {**os.environ, "GIT_INDEX_FILE": str(built.index)}
     tree = subprocess.run(["git", "--git-dir", str(built.git_dir), "write-tree"], env=env, check=True,
@@ -345,10 +348,10 @@ def test_a_pass_that_failed_half_way_leaves_the_next_to_read_everything(tmp_path
     _r, wt = _worktree(tmp_path, {})
     built = _land(wt, tmp_path)
     work = _work(wt)
-    failed = landing.materialise(work, built.git_dir, "0" * 40, built.index, known=built.known)
+    failed = materialise(work, built.git_dir, "0" * 40, built.index, known=built.known)
     assert failed is not None and built.known.lost
     st = os.lstat(work / "a.txt")
     (work / "a.txt").write_text("A\n")  # same size, mtime put back
     os.utime(work / "a.txt", ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert landing.materialise(work, built.git_dir, built.tree, built.index, known=built.known) is None
+    assert materialise(work, built.git_dir, built.tree, built.index, known=built.known) is None
     assert (work / "a.txt").read_text() == "a\n"

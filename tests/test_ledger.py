@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from proctor.mechanisms.ledger.store import GENESIS, LEDGER_FILE, MIGRATIONS, Entry, Ledger, LedgerTampered, row_hash
+from proctor.mechanisms.ledger.migrations import MIGRATIONS
+from proctor.mechanisms.ledger.rows import GENESIS, Entry, row_hash
+from proctor.mechanisms.ledger.store import LEDGER_FILE, Ledger, LedgerTampered
 
 SQLITE3 = shutil.which("sqlite3")
 needs_sqlite3 = pytest.mark.skipif(SQLITE3 is None, reason="the sqlite3 CLI is not installed (apt-get install sqlite3)")

@@ -15,11 +15,13 @@ import pytest
 from conftest import UNCONFINED, make_repo
 
 from proctor import RunAgentRequest, Status, run_agent
-from proctor.mechanisms.config.load import ConfigError, LimitsSettings, load_config, parse_size
+from proctor.mechanisms.config.load import ConfigError, load_config
+from proctor.mechanisms.config.model import LimitsSettings, parse_size
 from proctor.contract import Code
 from proctor.mechanisms.confine import cgroup
-from proctor.mechanisms.confine.cgroup import Limits
-from proctor.mechanisms.process.local import Limited, LocalRunner, Spawn
+from proctor.mechanisms.confine.limits import Limits, total_ram
+from proctor.mechanisms.process.local import Limited, LocalRunner
+from proctor.mechanisms.process.spawn import Spawn
 from proctor.mechanisms.policy.stop import StopSwitch
 
 PY = sys.executable
@@ -263,7 +265,7 @@ def test_runner_reads_poll_right_before_the_spawn(tmp_path):
 
 def test_limits_config_defaults_and_sizes(tmp_path):
     d = LimitsSettings().resolve()
-    ram = cgroup.total_ram()
+    ram = total_ram()
     assert d.memory == ram // 3 and d.memory_total == ram * 3 // 4 and d.pids == 1024 and d.disk == 10 << 30
     assert d.swap == 0 and d.cpu_weight == 100
     assert parse_size("64MiB") == 64 * MIB and parse_size("1.5 GiB") == 3 << 29 and parse_size(4096) == 4096

@@ -21,9 +21,10 @@ from test_mcp import params
 
 from proctor.contract import RunAgentRequest
 from proctor.mechanisms.ledger.store import Ledger
-from proctor.surfaces.mcp.server import Grants, bad_strings, over_privileged
+from proctor.surfaces.mcp.arguments import bad_strings
+from proctor.surfaces.mcp.grants import Grants, over_privileged
 from proctor.mechanisms.queue import sender
-from proctor.services.listen.listener import Accepted, check_envelope
+from proctor.services.listen.checks import Accepted, check_envelope
 from proctor.mechanisms.queue.signers import load_trust
 from proctor.mechanisms.queue.testing import trusted_home
 
@@ -137,7 +138,7 @@ def test_bad_strings_are_found_wherever_they_are():
 
 
 def test_mcp_text_shows_bidi_and_controls_escaped():
-    from proctor.surfaces.mcp.server import ok_result
+    from proctor.surfaces.mcp.results import ok_result
 
     res = ok_result({"files": ["notes\u202etxt.sh"], "name": "café"})
     assert "\u202e" not in res.content[0].text and "\\u202e" in res.content[0].text

@@ -18,8 +18,9 @@ import pytest
 from conftest import wait_until
 
 from proctor.mechanisms.confine import cgroup
-from proctor.mechanisms.confine.cgroup import Limits
-from proctor.mechanisms.process.local import LocalRunner, Spawn, Tail
+from proctor.mechanisms.confine.limits import Limits
+from proctor.mechanisms.process.local import LocalRunner, Tail
+from proctor.mechanisms.process.spawn import Spawn
 
 PY = sys.executable
 CGROUP = cgroup.parent_dir() is not None

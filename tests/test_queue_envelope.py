@@ -14,7 +14,7 @@ from proctor.surfaces.cli import main
 from proctor.contract import RunAgentResult, Status
 from proctor.mechanisms.queue import keys, sender
 from proctor.mechanisms.queue.envelope import EnvelopeError, Opened, canonical_json, job_fields, seal, unseal, verify
-from proctor.services.listen.listener import Accepted, Refusal, Refused, check_envelope
+from proctor.services.listen.checks import Accepted, Refusal, Refused, check_envelope
 from proctor.mechanisms.queue.results import open_result, seal_result
 from proctor.mechanisms.queue.signers import TrustFileError, load_trust
 from proctor.mechanisms.queue.testing import trusted_home

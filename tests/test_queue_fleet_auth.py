@@ -14,7 +14,7 @@ import time
 import nats
 import pytest
 
-from proctor.mechanisms.config.load import QueueSettings
+from proctor.mechanisms.config.model import QueueSettings
 from proctor.contract import Code
 from proctor.mechanisms.queue import connection, sender
 from proctor.mechanisms.queue.backend import record_key

@@ -10,7 +10,7 @@ import stat
 import nats
 import pytest
 
-from proctor.mechanisms.config.load import QueueSettings
+from proctor.mechanisms.config.model import QueueSettings
 from proctor.mechanisms.queue import connection, server
 from proctor.mechanisms.queue.jetstream import STREAM, JetStreamBackend
 

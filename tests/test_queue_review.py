@@ -18,12 +18,13 @@ from conftest import wait_until
 
 from proctor.surfaces.cli import main
 from proctor.contract import Code, RunAgentResult, Status, parse_request
+from proctor.mechanisms.ledger.rows import canonical_json as ledger_canonical_json
 from proctor.mechanisms.ledger.store import Ledger
-from proctor.mechanisms.ledger.store import canonical_json as ledger_canonical_json
 from proctor.mechanisms.queue import envelope, keys, sender, server
 from proctor.mechanisms.queue.envelope import job_fields, seal
 from proctor.services.listen.kinds import AgentJob, NoopRunner, ProcessAgentRunner
-from proctor.services.listen.listener import Accepted, Listener, Refusal, Refused, Settings, check_envelope
+from proctor.services.listen.checks import Accepted, Refusal, Refused, check_envelope
+from proctor.services.listen.listener import Listener, Settings
 from proctor.mechanisms.queue.memory import MemoryBackend, MemoryDelivery
 from proctor.mechanisms.queue.results import open_result
 from proctor.mechanisms.queue.signers import TrustFileError, load_trust

@@ -21,7 +21,7 @@ import nats
 import pytest
 from conftest import wait_until
 
-from proctor.mechanisms.config.load import QueueSettings
+from proctor.mechanisms.config.model import QueueSettings
 from proctor.mechanisms.queue import connection, server
 from proctor.mechanisms.queue.jetstream import STREAM, JetStreamBackend
 

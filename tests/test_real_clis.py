@@ -39,10 +39,12 @@ from conftest import make_repo, sh
 from proctor.mechanisms.adapters.output import READERS
 from proctor.mechanisms.adapters.spec import AdapterSpec, Invocation, build
 from proctor.services.job.classify import Patterns, classify
-from proctor.mechanisms.config.load import Config, builtin_agents, load_config
+from proctor.mechanisms.config.load import builtin_agents, load_config
+from proctor.mechanisms.config.model import Config
 from proctor.contract import Code, RunAgentRequest, Status
 from proctor.services.job.run_agent import run_agent
-from proctor.mechanisms.process.local import Exit, LocalRunner, Spawn
+from proctor.mechanisms.process.local import LocalRunner
+from proctor.mechanisms.process.spawn import Exit, Spawn
 
 pytestmark = pytest.mark.realcli
 

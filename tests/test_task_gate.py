@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import proctor
-from proctor.mechanisms.policy.gate import CallVerdict, Decision, Gate, GateCode, decide, plan
+from proctor.mechanisms.policy.gate import CallVerdict, Decision, Gate, GateCode, decide
+from proctor.mechanisms.policy.plan import plan
 from proctor.mechanisms.policy.stop import StopSwitch
 from proctor.mechanisms.policy.task import AgentTask, Effect, ToolCall
 from proctor.mechanisms.policy.trusted import Ceilings, Policy, PolicyError, check_workspace

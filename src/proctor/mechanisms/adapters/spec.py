@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from proctor.mechanisms.adapters.output import READERS
-from proctor.mechanisms.confine.egress import parse_endpoint
+from proctor.mechanisms.confine.endpoints import parse_endpoint
 
 PLACEHOLDERS = ("{prompt}", "{prompt_file}", "{worktree}")
 # The CLIs whose hooks proctor can install (proctor.mechanisms.gatekeeper.service.DIALECTS).

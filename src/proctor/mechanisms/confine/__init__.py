@@ -1,4 +1,5 @@
 """OS-enforced confinement of an agent's process tree: bubblewrap outside, Landlock inside (DESIGN.md 6).
+Also its resource limits (limits, cgroup, disk) and its network (egress, endpoints, http1, relay).
 
 The whole API the host uses:
 
@@ -22,11 +23,12 @@ This package never spawns the agent and never kills anything: the process runner
 """
 
 from proctor.mechanisms.confine.detect import Capabilities, detect
-from proctor.mechanisms.confine.plan import Confiner, LayeredConfiner, Mode, choose
+from proctor.mechanisms.confine.plan import CONFINE_ORDER, Confiner, LayeredConfiner, Mode, choose
 from proctor.mechanisms.confine.request import ConfinePlan, ConfineRequest, Confinement, Unavailable
 from proctor.mechanisms.confine.roots import job_roots, refuse_hard_links
 
 __all__ = [
+    "CONFINE_ORDER",
     "Capabilities", "ConfinePlan", "ConfineRequest", "Confinement", "Confiner", "LayeredConfiner", "Mode",
     "Unavailable", "choose", "detect", "job_roots", "refuse_hard_links",
 ]

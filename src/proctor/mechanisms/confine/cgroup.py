@@ -8,10 +8,10 @@ keeps stdout open; writing `1` to `cgroup.kill` emptied the group in 4 ms. The h
 hybrid, with cgroup2 mounted at /sys/fs/cgroup/unified, so the mount is found from /proc/self/mounts rather
 than assumed at /sys/fs/cgroup.
 
-Resource limits (`Limits`): memory (+ swap), pids and CPU weight are set on the job's group. Where the
-cgroup2 hierarchy lacks a controller (this machine: hybrid, cgroup2 offers only `hugetlb`; memory, pids and
-cpu are bound to v1 hierarchies) the same limit is set on a v1 group of that controller, which the child
-joins before exec as well. What is enforced, and by which hierarchy, is reported (`JobGroup.enforced`); a
+Resource limits (`Limits`, proctor.mechanisms.confine.limits): memory (+ swap), pids and CPU weight are set on
+the job's group. Where the cgroup2 hierarchy lacks a controller (this machine: hybrid, cgroup2 offers only
+`hugetlb`; memory, pids and cpu are bound to v1 hierarchies) the same limit is set on a v1 group of that
+controller, which the child joins before exec as well. What is enforced, and by which hierarchy, is reported (`JobGroup.enforced`); a
 limit that could not be set is a gap, never silently dropped.
 """
 
@@ -24,41 +24,9 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-MIB = 1 << 20
-GIB = 1 << 30
+from proctor.mechanisms.confine.limits import Limits, human
 
-
-def total_ram() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return 8 * GIB
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Per-job ceilings; None = not limited. `memory_total` caps all jobs of this host together."""
-
-    memory: int | None = None  # bytes: memory.max / memory.limit_in_bytes
-    swap: int | None = 0  # bytes of swap on top of `memory` (memory.swap.max / memsw); 0 = none
-    pids: int | None = None  # tasks (threads count): pids.max
-    cpu_weight: int | None = None  # cgroup v2 semantics, 1..10000, 100 = default share; v1: shares = w*1024/100
-    disk: int | None = None  # bytes the job may add to its writable roots (worktree, TMPDIR): watched
-    memory_total: int | None = None
-
-    @classmethod
-    def default(cls) -> Limits:
-        """Defaults that keep the host alive (24 GiB / 2 cores here): a job gets a third of RAM, all jobs
-        together three quarters, 1024 tasks, the default CPU share, 10 GiB of disk."""
-        ram = total_ram()
-        return cls(memory=ram // 3, swap=0, pids=1024, cpu_weight=100, disk=10 * GIB, memory_total=ram * 3 // 4)
-
-
-def human(n: int) -> str:
-    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}".replace(".0 ", " ")
-    return f"{n} B"
+# Still imported from here by proctor.mechanisms.config.model until it imports it from limits.
 
 
 def _cgroup2_mount() -> Path | None:

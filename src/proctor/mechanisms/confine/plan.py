@@ -16,12 +16,14 @@ from typing import Literal, Protocol
 
 from proctor.mechanisms.confine.bwrap import bwrap_args, egress_socket_inside, private_writable, tmpfs_dirs
 from proctor.mechanisms.confine.detect import Capabilities
-from proctor.mechanisms.confine.egress import RELAY_PORT, proxy_env
 from proctor.mechanisms.confine.landlock import helper_args
-from proctor.mechanisms.confine.relay import relay_argv, system_python
+from proctor.mechanisms.confine.relay import RELAY_PORT, proxy_env, relay_argv, system_python
 from proctor.mechanisms.confine.request import ConfinePlan, ConfineRequest, Confinement, Unavailable
 
 Mode = Literal["auto", "required", "off"]
+# Weakest first: a request may ask for no less than a floor (the listener's, an MCP client's grant), and
+# re-validation takes the stronger of the job's mode and today's config.
+CONFINE_ORDER = {"off": 0, "auto": 1, "required": 2}
 
 
 class Confiner(Protocol):

@@ -1,8 +1,9 @@
 """The egress relay for bwrap without the Landlock helper: the system python3 runs a small script inside
 the sandbox that listens on 127.0.0.1:PORT, forks a relay to the proxy's Unix socket, and execs the agent.
 
-Owns only that script and its argv. With the helper (bwrap+landlock, landlock) the helper's own relay
-(landlock_exec.c) is used instead: 1.7 ms against ~20 ms for a python start. The script is passed with
+Owns that script and its argv, the relay's port, and the proxy variables that point a CLI at whichever relay
+runs (`proxy_env`). With the helper (bwrap+landlock, landlock) the helper's own relay (landlock_exec.c) is
+used instead: 1.7 ms against ~20 ms for a python start. The script is passed with
 `-c`, never as a file: proctor's source may sit under /tmp, which the sandbox replaces with a private tmpfs.
 The relay dies with the sandbox: bwrap's pid namespace ends when the agent (its first process) exits.
 """
@@ -10,6 +11,8 @@ The relay dies with the sandbox: bwrap's pid namespace ends when the agent (its 
 from __future__ import annotations
 
 import shutil
+
+RELAY_PORT = 3128  # the relay's port inside a private network namespace
 
 SCRIPT = r"""
 import os, socket, sys, threading
@@ -72,3 +75,15 @@ def system_python() -> str | None:
 def relay_argv(python: str, port: int, socket_path: str) -> list[str]:
     """The prefix that starts the relay, then execs what follows (the caller appends the agent argv)."""
     return [python, "-I", "-S", "-c", SCRIPT, str(port), socket_path, "--"]
+
+
+PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def proxy_env(port: int | None) -> dict[str, str]:
+    """What points a CLI at the relay: every spelling of the proxy variables, and no bypass list. With port
+    None (the relay takes any free port) the Landlock helper sets the proxy variables itself before exec."""
+    env = {"NO_PROXY": "", "no_proxy": "", "NODE_USE_ENV_PROXY": "1"}
+    if port is not None:
+        env.update({k: f"http://127.0.0.1:{port}" for k in PROXY_VARS})
+    return env

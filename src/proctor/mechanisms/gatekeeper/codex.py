@@ -40,14 +40,12 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from proctor.mechanisms.gatekeeper.dialect import Answer, settings_path
+from proctor.mechanisms.gatekeeper.hook import HOOK_TIMEOUT_S, shell_word
 from proctor.mechanisms.policy.gate import CallVerdict, Decision
 from proctor.mechanisms.policy.task import Effect
-
-if TYPE_CHECKING:
-    from proctor.mechanisms.gatekeeper.service import Answer
-# proctor.mechanisms.gatekeeper.service registers this dialect (DIALECTS), so its names are imported where they are used.
 
 # The tool names codex 0.171's PreToolUse hook sends (module docstring), and what each does. MCP tools
 # (`mcp__server__tool`) are the user's own servers: a task declares the ones it needs.
@@ -304,8 +302,6 @@ class CodexDialect:
         return written, [p if p.startswith("/") else f"{cwd.rstrip('/')}/{p}" for p in written], ""
 
     def answer(self, d: Decision) -> Answer:
-        from proctor.mechanisms.gatekeeper.service import Answer
-
         with self._lock:
             asked = self._asked.pop(d.call_id, None)
             if asked is not None and d.verdict is CallVerdict.run:
@@ -319,11 +315,9 @@ class CodexDialect:
     def files(self, hook: list[str], dir: Path) -> dict[str, str]:
         """The hook script gate_args run (`{gate_dir}/codex-hook.sh EVENT`), and the hook config they pass
         with `-c`, for the record (`result.gate.settings`)."""
-        from proctor.mechanisms.gatekeeper.service import HOOK_TIMEOUT_S, _sh, settings_path
-
         if _UNSAFE_DIR.search(str(dir)):
             raise OSError(f"the gate dir {str(dir)!r} has a character codex's hook command cannot carry")
-        client = " ".join(_sh(a) for a in hook)
+        client = " ".join(shell_word(a) for a in hook)
         script = (
             "# proctor's gate hook for one codex job (written by its gate service; read-only to the agent).\n"
             "# Codex runs the tool on any hook failure but exit 2: every other status becomes a deny.\n"

@@ -17,6 +17,8 @@ only decides what is left out. The `-c` switches below stay as a second layer.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
 import os
 import subprocess
@@ -71,14 +73,28 @@ class GitResult:
         return self.out.decode("utf-8", "replace").strip()
 
 
+def nul_terminated(items: Sequence[str]) -> bytes:
+    """Paths or index lines as git's `-z --stdin` reads them: each one ended by a NUL."""
+    return b"".join(i.encode("utf-8", "surrogateescape") + b"\0" for i in items)
+
+
 @functools.cache
 def _empty_home() -> str:
     # An empty HOME of this process's own (mkdtemp: never a dir another user made): git finds no
     # ~/.gitconfig, ~/.config/git/* nor XDG files there.
     try:
-        return tempfile.mkdtemp(prefix="proctor-git-home-")
+        home = tempfile.mkdtemp(prefix="proctor-git-home-")
     except OSError:
         return "/nonexistent"
+    # Gone when the process ends: every proctor process (and every test) left one in /tmp. git finds a
+    # HOME that is missing as empty as one that is.
+    atexit.register(_remove_home, home)
+    return home
+
+
+def _remove_home(home: str) -> None:
+    with contextlib.suppress(OSError):
+        os.rmdir(home)
 
 
 def git(

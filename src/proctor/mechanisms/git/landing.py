@@ -6,11 +6,13 @@ git dir the host made (proctor.mechanisms.git.command says why that runs nothing
 agent's git dir, index, HEAD or refs, and never executes anything from the agent's directory.
 
     scan(agent_dir)                          -> Scan: special files, nested repos, files over the size cap, and
-                                                the lstat of every entry (the job's one walk of the directory)
+                                                the lstat of every entry (the job's one walk of the directory;
+                                                proctor.mechanisms.git.scan)
     build(agent_dir, git_dir, wt, ...)       -> Landing | Failure: the job's commit on its branch in a git dir
-                                                the host made, and the directory made exactly its tree
+                                                the host made, and the directory made exactly its tree (here)
     materialise(dir, git_dir, tree, index)   -> make a directory exactly a tree, in place (for validation,
-                                                the frozen tree, and the review checkout)
+                                                the frozen tree, and the review checkout;
+                                                proctor.mechanisms.git.materialise)
 
 Why the content and not the agent's index or stat data: the agent's index can hide an edit
 (`--skip-worktree`), and stat data lied in review: a same-size rewrite within the checkout's second was
@@ -34,109 +36,26 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from proctor.mechanisms.confine import beneath
 from proctor.mechanisms.git import vouch
-from proctor.mechanisms.git.command import git
+from proctor.mechanisms.git.command import git, nul_terminated
+from proctor.mechanisms.git.materialise import materialise, settle
+from proctor.mechanisms.git.scan import CONTROL_FILES, Scan
+from proctor.mechanisms.git.trees import tree_diff
 from proctor.mechanisms.git.vouch import GITLINK as GITLINK_MODE
 from proctor.mechanisms.git.vouch import Known
 from proctor.mechanisms.git.worktree import Failure, Worktree, init_git_dir, set_ref
 
-MAX_FILE_BYTES = 100 * 1024 * 1024  # a larger file is left out of the job's tree, and said so
-MAX_ENTRIES = 2_000_000
+# Still imported from here by services (job/land.py: scan; review: changed_paths, tree_entries) until they
+# import them from proctor.mechanisms.git.scan and proctor.mechanisms.git.trees.
+
 COMMIT_ENV = {"GIT_AUTHOR_NAME": "proctor", "GIT_AUTHOR_EMAIL": "proctor@localhost",
               "GIT_COMMITTER_NAME": "proctor", "GIT_COMMITTER_EMAIL": "proctor@localhost"}
 GITLINK = "160000"
-# Files git reads whole for its rules wherever it walks (a pathspec exclusion does not stop it reading a
-# directory's .gitignore): a special or oversized one is removed before git runs.
-CONTROL_FILES = frozenset({".gitignore", ".gitattributes", ".gitmodules"})
-MAX_CONTROL_BYTES = 1024 * 1024
-BARE_REPO = frozenset({"HEAD", "objects", "refs"})  # what git's discovery takes for a git dir
-# A tree entry's mode -> the file type it must be on disk, and the permission bits a checkout gives it.
-KIND = {"040000": stat.S_IFDIR, "160000": stat.S_IFDIR, "120000": stat.S_IFLNK, "100644": stat.S_IFREG,
-        "100755": stat.S_IFREG}
-PERM = {"040000": 0o755, "100644": 0o644, "100755": 0o755}
-
-
-@dataclass(frozen=True)
-class Scan:
-    special: tuple[str, ...] = ()  # FIFOs, sockets, devices: tamper (a FIFO hung the host in review)
-    nested: tuple[str, ...] = ()  # directories holding a `.git` of their own: left out
-    oversized: tuple[tuple[str, int], ...] = ()
-    unreadable: tuple[str, ...] = ()
-    # path -> lstat of every entry the walk saw (special and unreadable ones aside), each directory before
-    # what is in it; the root's `.git` and nested repos are listed, never entered.
-    seen: dict[str, os.stat_result] | None = field(default=None, compare=False, repr=False)
-
-    @property
-    def left_out(self) -> tuple[str, ...]:
-        return (*self.special, *self.nested, *(p for p, _ in self.oversized), *self.unreadable)
-
-
-def scan(root: Path, *, max_file_bytes: int = MAX_FILE_BYTES, max_entries: int = MAX_ENTRIES) -> Scan | Failure:
-    """One lstat pass over the agent's directory (never following a link, never opening a file): each
-    directory opened beneath the root with no symlink on the way."""
-    special: list[str] = []
-    nested: list[str] = []
-    oversized: list[tuple[str, int]] = []
-    unreadable: list[str] = []
-    seen: dict[str, os.stat_result] = {}
-    entries = 0
-    try:
-        root_fd = beneath.open_root(root)
-    except OSError as exc:
-        return Failure(f"cannot open the agent's directory {root}: {exc.strerror}")
-    try:
-        stack = [""]
-        while stack:
-            rel = stack.pop()
-            listed = _list_dir(root_fd, rel)
-            if listed is None:
-                unreadable.append(rel)
-                continue
-            fd, children = listed
-            try:
-                names = {c.name for c in children}
-                if rel and (".git" in names or BARE_REPO <= names):
-                    # A `.git` inside: git would record a gitlink and look into the nested repo for its HEAD.
-                    # A bare repo's layout: a reviewer's git run inside it would read its config (embedded
-                    # bare repos).
-                    nested.append(rel)
-                    continue
-                for entry in children:
-                    entries += 1
-                    if entries > max_entries:
-                        return Failure(f"the agent's worktree holds more than {max_entries} entries")
-                    path = f"{rel}/{entry.name}" if rel else entry.name
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        unreadable.append(path)
-                        continue
-                    mode = st.st_mode
-                    if stat.S_ISDIR(mode):
-                        seen[path] = st
-                        if rel or entry.name != ".git":  # the agent's own git dir: never read
-                            stack.append(path)
-                    elif stat.S_ISREG(mode):
-                        seen[path] = st
-                        if st.st_size > (MAX_CONTROL_BYTES if entry.name in CONTROL_FILES else max_file_bytes):
-                            oversized.append((path, st.st_size))
-                    elif stat.S_ISLNK(mode):
-                        seen[path] = st
-                    elif not rel and entry.name == ".git":
-                        seen[path] = st  # whatever it is, never read; removed from the tree's checkout
-                    else:
-                        special.append(path)
-            finally:
-                os.close(fd)
-    finally:
-        os.close(root_fd)
-    return Scan(tuple(sorted(special)), tuple(sorted(nested)), tuple(sorted(oversized)), tuple(sorted(unreadable)),
-                seen)
 
 
 @dataclass(frozen=True)
@@ -264,13 +183,13 @@ def _build_vouched(agent_dir: Path, git_dir: Path, wt: Worktree, index: Path, fo
     if removed:  # named to git as entries, not paths: a path beyond a symlink now is no error
         zero = "0" * (rec.hash_len * 2)
         res = git(["update-index", "-z", "--index-info"], git_dir=git_dir, index_file=index,
-                  input_bytes=_nul([f"0 {zero}\t{p}" for p in removed]))
+                  input_bytes=nul_terminated([f"0 {zero}\t{p}" for p in removed]))
         if not res.ok:
             return Failure(f"git update-index failed: {res.err}")
     if rehash or added:
         # Each entry to hash again lost its stat data above (vouch.smudged): git cannot take it as clean.
         res = git(["update-index", "--add", "-z", "--stdin"], git_dir=git_dir, work_tree=agent_dir, cwd=agent_dir,
-                  index_file=index, input_bytes=_nul([*(p for p, _, _ in rehash), *added]))
+                  index_file=index, input_bytes=nul_terminated([*(p for p, _, _ in rehash), *added]))
         refused = [line[len("Ignoring path "):] for line in res.err.splitlines() if line.startswith("Ignoring path ")]
         if not res.ok or refused:
             # git names paths it refuses (`.GIT/x`, `a\\b`): `git add` failed the job on them, so does this.
@@ -290,18 +209,14 @@ def _build_vouched(agent_dir: Path, git_dir: Path, wt: Worktree, index: Path, fo
     # Vouched for: unchanged since the host's checkout wrote it (so one link, git's mode, the tree's blob).
     vouched = set(modes).difference(compared.gone, (p for p, _, _ in compared.changed), excluded)
     try:
-        known = _settle(agent_dir, git_dir, index, landed.tree, tree_modes, seen.items(), broken, rewrite,
-                        [p for p in found.unreadable if p not in seen], trusted=vouched)
+        known = settle(agent_dir, git_dir, index, landed.tree, tree_modes, seen.items(), broken, rewrite,
+                       [p for p in found.unreadable if p not in seen], trusted=vouched)
     except OSError as exc:
         return Failure(f"cannot make {agent_dir} the job's tree: {exc}")
     if isinstance(known, Failure):
         return known
     return Landing(landed.commit, landed.tree, landed.base_sha, git_dir, index, landed.changed,
                    landed.left_out_ignored, known)
-
-
-def _nul(items: Sequence[str]) -> bytes:
-    return b"".join(i.encode("utf-8", "surrogateescape") + b"\0" for i in items)
 
 
 def _check_ignore(git_dir: Path, work_tree: Path, index: Path, paths: list[str],
@@ -338,7 +253,7 @@ def _ignored_of(git_dir: Path, work_tree: Path, index: Path, paths: list[str]) -
     # check-ignore reads its arguments as pathspecs and takes no `literal` magic: `./` first keeps a name
     # that starts with `:` a name (git drops the `./` before matching, and says the path as given).
     res = git(["check-ignore", "-z", "--stdin"], git_dir=git_dir, work_tree=work_tree, cwd=work_tree,
-              index_file=index, input_bytes=_nul([f"./{p}" for p in paths]))
+              index_file=index, input_bytes=nul_terminated([f"./{p}" for p in paths]))
     if res.code not in (0, 1):
         return Failure(f"git check-ignore failed: {res.err[-500:]}")
     return {p.decode("utf-8", "surrogateescape").removeprefix("./") for p in res.out.split(b"\0") if p}
@@ -362,356 +277,12 @@ def _unlink_all(root: Path, paths: Sequence[str]) -> Failure | None:
     return None
 
 
-def tree_diff(git_dir: Path, old: str, new: str) -> list[tuple[int, str, str]] | Failure:
-    """Every entry that differs between two trees (or commits): (its mode in `new`, 0 where gone; its oid
-    there; its path), from objects alone."""
-    res = git(["diff-tree", "-r", "-z", "--no-renames", "--no-commit-id", old, new], git_dir=git_dir)
-    if not res.ok:
-        return Failure(f"git diff-tree failed: {res.err}")
-    out = []
-    fields = res.out.split(b"\0")
-    for i in range(0, len(fields) - 1, 2):
-        meta = fields[i].split(b" ")  # :old-mode new-mode old-oid new-oid status
-        if len(meta) < 5 or not meta[0].startswith(b":"):
-            return Failure(f"git diff-tree said something unexpected: {fields[i][:80]!r}")
-        out.append((int(meta[1], 8), meta[3].decode(), fields[i + 1].decode("utf-8", "surrogateescape")))
-    return out
-
-
-def changed_paths(git_dir: Path, old: str, new: str) -> list[str] | Failure:
-    """Every path whose entry differs between two commits (both sides of a rename), from objects alone."""
-    res = git(["diff-tree", "-r", "-z", "--no-renames", "--name-only", "--no-commit-id", old, new], git_dir=git_dir)
-    if not res.ok:
-        return Failure(f"git diff-tree failed: {res.err}")
-    return [p.decode("utf-8", "surrogateescape") for p in res.out.split(b"\0") if p]
-
-
 def _ignored(git_dir: Path, work_tree: Path, index: Path, paths: list[str]) -> tuple[str, ...]:
     if not paths:
         return ()
     res = git(["check-ignore", "-z", "--", *paths], git_dir=git_dir, work_tree=work_tree, cwd=work_tree,
               index_file=index)
     return tuple(p.decode("utf-8", "surrogateescape") for p in res.out.split(b"\0") if p)
-
-
-def tree_entries(git_dir: Path, tree: str) -> dict[str, str] | Failure:
-    """path -> mode for every entry of `tree`, directories included."""
-    res = git(["ls-tree", "-r", "-t", "-z", "--full-tree", tree], git_dir=git_dir)
-    if not res.ok:
-        return Failure(f"git ls-tree failed: {res.err}")
-    out = {}
-    for entry in res.out.split(b"\0"):
-        if entry:
-            meta, name = entry.split(b"\t", 1)
-            out[name.decode("utf-8", "surrogateescape")] = meta.split(b" ", 1)[0].decode()
-    return out
-
-
-def _prune(root: Path, entries: dict[str, str]) -> None:
-    """Make `root` hold nothing but `entries`' paths, each of the right type: what is not in the tree goes
-    (ignored files, nested repos, the agent's `.git`), a file with other links or another owner goes (it
-    is written fresh later), modes are git's (no setuid, no world-writable dir), the root's own included
-    (an agent's `chmod 0777` of its worktree survived into the review checkout). Every directory is opened
-    beneath the root with no symlink on the way (proctor.mechanisms.confine.beneath), so a directory swapped for a link
-    is never walked into."""
-    uid = os.geteuid()
-    root_fd = beneath.open_root(root)
-    try:
-        st = os.fstat(root_fd)
-        if st.st_uid != uid:
-            raise PermissionError(f"{root} belongs to uid {st.st_uid}, not to this user")
-        if stat.S_IMODE(st.st_mode) != PERM["040000"]:
-            os.fchmod(root_fd, PERM["040000"])
-        stack = [""]
-        while stack:
-            rel = stack.pop()
-            dir_fd = beneath.open_beneath(root_fd, rel, beneath.DIR_FLAGS) if rel else os.dup(root_fd)
-            try:
-                stack += _prune_dir(dir_fd, rel, entries, uid)
-            finally:
-                os.close(dir_fd)
-    finally:
-        os.close(root_fd)
-
-
-def _prune_dir(dir_fd: int, rel: str, entries: dict[str, str], uid: int) -> list[str]:
-    """One directory of _prune, by its fd; the tree's subdirectories in it, to walk next."""
-    subdirs = []
-    with os.scandir(dir_fd) as it:
-        children = list(it)
-    for entry in children:
-        path = f"{rel}/{entry.name}" if rel else entry.name
-        mode = entries.get(path)
-        st = entry.stat(follow_symlinks=False)
-        kind = stat.S_IFMT(st.st_mode)
-        want = KIND.get(mode or "")
-        if want is None or kind != want or (kind != stat.S_IFLNK and st.st_uid != uid) or (
-                kind == stat.S_IFREG and st.st_nlink != 1):
-            beneath.rmtree(dir_fd, entry.name)
-            continue
-        if mode == "160000":
-            sub = beneath.open_beneath(dir_fd, entry.name, beneath.DIR_FLAGS)
-            try:
-                occupied = bool(os.listdir(sub))
-            finally:
-                os.close(sub)
-            if occupied:  # a submodule's dir stays empty, as a checkout leaves it
-                beneath.rmtree(dir_fd, entry.name)
-                os.mkdir(entry.name, 0o755, dir_fd=dir_fd)
-            continue
-        perm = PERM.get(mode or "")
-        if perm is not None and stat.S_IMODE(st.st_mode) != perm:
-            os.chmod(entry.name, perm, dir_fd=dir_fd, follow_symlinks=False)
-        if mode == "040000":
-            subdirs.append(path)
-    return subdirs
-
-
-def materialise(work_tree: Path, git_dir: Path, tree: str, index: Path, *, trusted_index: bool = False,
-                known: Known | None = None) -> Failure | None:
-    """Make `work_tree` exactly `tree` (a tree or a commit), in place: prune what is not the tree's, keep
-    what is, write fresh what differs or is missing. `index` ends holding the tree, with the stat data of
-    the files as they are.
-
-    `known`: what the host knew of `work_tree` when it last made it a tree (proctor.mechanisms.git.vouch), whatever ran
-    there since (validation runs agent code): one walk, and a file is kept when the rule still vouches for
-    it and the two trees have the same entry at its path; `index` holds `known.tree` on the way in. `known`
-    is brought up to date; after a pass that failed half way it is `lost`, and the next reads everything.
-
-    Without it, every file of the tree is hashed (an index with no stat data: content decides), unless
-    `trusted_index`: `index` already holds `tree` with stat data the host's own hashing recorded, and
-    nothing but the host wrote `work_tree` since: only files whose stat moved are hashed again. Never after
-    validation, which runs agent code that can put an mtime back.
-
-    This is how the host turns the directory an agent (or validation, which runs agent code) wrote into a
-    checkout of the job's commit without writing every file again: a fresh checkout of each tree was
-    1.6 s for 2,000 files on this machine, and a job needs three."""
-    if known is not None and not known.lost:
-        return _materialise_known(work_tree, git_dir, tree, index, known)
-    entries = tree_entries(git_dir, tree)
-    if isinstance(entries, Failure):
-        return entries
-    try:
-        _prune(work_tree, entries)
-    except OSError as exc:
-        return Failure(f"cannot prune {work_tree}: {exc}")
-    if not trusted_index:
-        index.unlink(missing_ok=True)
-        read = git(["read-tree", tree], git_dir=git_dir, index_file=index)
-        if not read.ok:
-            return Failure(f"git read-tree failed: {read.err}")
-    git(["update-index", "-q", "--refresh"], git_dir=git_dir, work_tree=work_tree, cwd=work_tree, index_file=index)
-    diff = git(["diff-files", "-z", "--name-only"], git_dir=git_dir, work_tree=work_tree, cwd=work_tree,
-               index_file=index)
-    if not diff.ok:
-        return Failure(f"git diff-files failed: {diff.err}")
-    stale = [p for p in diff.out.split(b"\0") if p]
-    if stale:
-        res = git(["checkout-index", "-f", "-z", "--stdin"], git_dir=git_dir, work_tree=work_tree, cwd=work_tree,
-                  index_file=index, input_bytes=b"\0".join(stale) + b"\0", umask=0o022)
-        if not res.ok:
-            return Failure(f"git checkout-index failed: {res.err}")
-    return None
-
-
-def _materialise_known(work_tree: Path, git_dir: Path, tree: str, index: Path, known: Known) -> Failure | None:
-    known.lost = True  # until this pass ends well: a pass that failed half way leaves the next to read everything
-    modes, changed, dirs = known.modes, frozenset[str](), known.dirs
-    if tree != known.tree:
-        diff = tree_diff(git_dir, known.tree, tree)
-        if isinstance(diff, Failure):
-            return diff
-        if diff:
-            res = git(["update-index", "-z", "--index-info"], git_dir=git_dir, index_file=index,
-                      input_bytes=_nul([f"{mode:o} {oid}\t{path}" for mode, oid, path in diff]))
-            if not res.ok:
-                return Failure(f"git update-index failed: {res.err}")
-            modes = dict(modes)
-            for mode, _oid, path in diff:
-                if mode:
-                    modes[path] = mode
-                else:
-                    modes.pop(path, None)
-            changed = frozenset(path for _, _, path in diff)
-            dirs = vouch.tree_dirs(modes)
-    gitlinks = {p for p, m in modes.items() if m == GITLINK_MODE}
-    broken: set[str] = set()
-    strays: list[str] = []
-    try:
-        made = _settle(work_tree, git_dir, index, tree, modes, _walk(work_tree, dirs | gitlinks, broken, strays),
-                       broken, set(), strays, known, changed, dirs)
-    except OSError as exc:
-        return Failure(f"cannot make {work_tree} the tree {tree[:12]}: {exc}")
-    if isinstance(made, Failure):
-        return made
-    known.tree, known.modes, known.stats, known.since, known._dirs = made.tree, made.modes, made.stats, made.since, dirs
-    known.lost = False
-    return None
-
-
-def _walk(root: Path, walked: frozenset[str] | set[str], broken: set[str],
-          strays: list[str]) -> Iterator[tuple[str, os.stat_result]]:
-    """One lstat pass over a directory the host once made a tree, entering only the directories in `walked`
-    (a tree's own, gitlinks included): whatever else is there goes whole. Each directory is opened beneath
-    the root with no symlink on the way. Yields each entry and its lstat, each directory before what is in
-    it; adds to `broken` the directories that could not be read, to `strays` the entries that could not be
-    stat'ed."""
-    root_fd = beneath.open_root(root)
-    try:
-        stack = [""]
-        while stack:
-            rel = stack.pop()
-            listed = _list_dir(root_fd, rel)
-            if listed is None:
-                if not rel:
-                    raise OSError(f"cannot read {root}")
-                broken.add(rel)
-                continue
-            fd, children = listed
-            try:
-                for entry in children:
-                    path = f"{rel}/{entry.name}" if rel else entry.name
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        strays.append(path)
-                        continue
-                    if path in walked and stat.S_ISDIR(st.st_mode):
-                        stack.append(path)
-                    yield path, st
-            finally:
-                os.close(fd)
-    finally:
-        os.close(root_fd)
-
-
-def _list_dir(root_fd: int, rel: str) -> tuple[int, list[os.DirEntry]] | None:
-    """`rel` opened beneath the root (no symlink on the way) and listed; its fd stays open for the entries'
-    lstat (the caller closes it). None when it cannot be opened or read."""
-    try:
-        fd = beneath.open_beneath(root_fd, rel, beneath.DIR_FLAGS) if rel else os.dup(root_fd)
-    except OSError:
-        return None
-    try:
-        with os.scandir(fd) as it:
-            return fd, list(it)
-    except OSError:
-        os.close(fd)
-        return None
-
-
-GIT_MODES = frozenset({0o100644, 0o100755, 0o120777})  # a file or symlink exactly as a checkout (umask 022) makes it
-FILE_KIND = {0o100644: stat.S_IFREG, 0o100755: stat.S_IFREG, 0o120000: stat.S_IFLNK}
-FILE_PERM = {0o100644: 0o644, 0o100755: 0o755}
-
-
-def _settle(root: Path, git_dir: Path, index: Path, tree: str, modes: dict[str, int],
-            seen: Iterable[tuple[str, os.stat_result]], broken: set[str], rewrite: set[str], strays: list[str],
-            known: Known | None = None, changed: frozenset[str] = frozenset(),
-            dirs: frozenset[str] | None = None, trusted: frozenset[str] | set[str] = frozenset()) -> Known | Failure:
-    """Make `root` exactly `tree` (whose entries are `modes`, and which `index` holds) from `seen`, each of
-    its entries with its lstat, each directory before what is in it, from the caller's one walk (a scan's,
-    or `_walk` as it goes): no walk here. What is not the tree's goes (the directories in `broken`, unread,
-    too: nested repos, unreadable ones; and `strays`, entries that could not be stat'ed); so does a file of the tree with other links or another owner, one in `rewrite` or
-    `changed`, and, given `known`, one it does not vouch for: each is written fresh from the objects, with
-    every file the directory lacks. Without `known` every other file of the tree is kept (right after
-    `build`, whose hashing read each file the record would not vouch for); those in `trusted` (the record
-    vouches for them: as git wrote them, one link, git's mode) with no check at all. Modes are git's (no setuid, no
-    world-writable dir), the root's own included (an agent's `chmod 0777` of its worktree survived into the
-    review checkout); a submodule's dir stays empty, as a checkout leaves it. Every operation is beneath the
-    root with no symlink on the way (proctor.mechanisms.confine.beneath). Returns what the host now knows: the lstat of
-    each file after, and a stamp taken after the last write."""
-    uid = os.geteuid()
-    dirs = vouch.tree_dirs(modes) if dirs is None else dirs
-    gitlinks = {p for p, m in modes.items() if m == GITLINK_MODE}
-    fenced = set(gitlinks)  # directories whose entries are not the tree's: gitlinks, and those removed whole
-    remove: list[str] = []
-    chmods: list[tuple[str, int]] = []
-    links_ok: set[str] = set()
-    occupied: set[str] = set()
-    kept: dict[str, os.stat_result] = {}
-    mode_of, kind_of, perm_of = modes.get, FILE_KIND.get, FILE_PERM.get
-    unchanged = known.unchanged if known is not None else None
-    isdir, ifmt, imode = stat.S_ISDIR, stat.S_IFMT, stat.S_IMODE
-    dir_perm = PERM["040000"]
-    for path, st in seen:
-        mode = st.st_mode
-        parent = path.rpartition("/")[0]
-        if parent in fenced:
-            if parent in gitlinks:
-                occupied.add(parent)
-            if isdir(mode):
-                fenced.add(path)
-            continue
-        if (path in trusted and mode in GIT_MODES) or (
-                unchanged is not None and path not in changed and unchanged(path, st)):
-            # The record vouches for it: nothing changed it since the host wrote (or kept) it as the tree's.
-            kept[path] = st
-            continue
-        if isdir(mode):
-            if (path in dirs or path in gitlinks) and path not in broken and st.st_uid == uid:
-                if imode(mode) != dir_perm:
-                    chmods.append((path, dir_perm))
-                if path in gitlinks:
-                    links_ok.add(path)
-            else:
-                remove.append(path)
-                fenced.add(path)
-            continue
-        want = mode_of(path, 0)
-        kind = kind_of(want)
-        if (unchanged is None and kind == ifmt(mode) and path not in rewrite
-                and (kind == stat.S_IFLNK or (st.st_uid == uid and st.st_nlink == 1))):
-            kept[path] = st
-            perm = perm_of(want)
-            if perm is not None and imode(mode) != perm:
-                chmods.append((path, perm))
-        else:
-            remove.append(path)
-    remove += strays
-    remove += [d for d in broken if d not in fenced]  # found unreadable only once listed: removed whole
-    write = [] if len(kept) + len(gitlinks) == len(modes) else [
-        path for path, mode in modes.items() if mode != GITLINK_MODE and path not in kept]
-    make = [g for g in gitlinks if g not in links_ok or g in occupied]
-    root_fd = beneath.open_root(root)
-    try:
-        st = os.fstat(root_fd)
-        if st.st_uid != uid:
-            raise PermissionError(f"{root} belongs to uid {st.st_uid}, not to this user")
-        if imode(st.st_mode) != dir_perm:
-            os.fchmod(root_fd, dir_perm)
-        for path in [*remove, *(g for g in make if g in links_ok)]:
-            try:
-                beneath.rmtree(root_fd, path)
-            except FileNotFoundError:
-                pass
-        for path in make:
-            os.close(beneath.makedirs(root_fd, path, dir_perm))
-        for path, perm in chmods:
-            head, _, name = path.rpartition("/")
-            try:
-                fd = beneath.open_beneath(root_fd, head, beneath.DIR_FLAGS) if head else os.dup(root_fd)
-            except FileNotFoundError:
-                continue  # beneath a directory removed whole
-            try:
-                os.chmod(name, perm, dir_fd=fd, follow_symlinks=False)
-                if path in kept:
-                    kept[path] = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:
-                pass
-            finally:
-                os.close(fd)
-        if write:
-            res = git(["checkout-index", "-f", "-u", "-z", "--stdin"], git_dir=git_dir, work_tree=root, cwd=root,
-                      index_file=index, input_bytes=_nul(write), umask=0o022)
-            if not res.ok:
-                return Failure(f"git checkout-index failed: {res.err[-500:]}")
-            for path in write:
-                kept[path] = beneath.lstat(root_fd, path)
-        since = vouch.stamp(root_fd)
-    finally:
-        os.close(root_fd)
-    return Known(tree, modes, kept, since, dirs)
 
 
 def fresh_index_copy(index: Path, git_dir: Path) -> Failure | None:

@@ -19,87 +19,34 @@ made again after the next write that finds room.
 
 Without a secret key anyone who can write the file can recompute the whole chain: the chain makes an edit
 detectable, not impossible. SQLite triggers refuse UPDATE and DELETE on rows as a guard against accidents.
+
+Beside it: a row's shape and hash (rows.py), the schema (migrations.py), the head file (head.py), free space
+and the reserve (space.py). This module owns the Ledger: its connection, its lock and every transaction.
 """
 
 from __future__ import annotations
 
-import errno
-import hashlib
-import json
 import os
-import shutil
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 from proctor.home import ensure_home
+from proctor.mechanisms.ledger import space
+from proctor.mechanisms.ledger.head import Head, discard
+from proctor.mechanisms.ledger.migrations import migrate
+from proctor.mechanisms.ledger.rows import GENESIS, Entry, Row, canonical_json, now, payload_of, row_hash
+from proctor.mechanisms.ledger.space import Reserve
 
 LEDGER_FILE = "ledger.sqlite3"
-GENESIS = "0" * 64
 BUSY_TIMEOUT_S = 30.0
-RESERVE_BYTES = 256 * 1024
-# Below this much free space beside the ledger a job is refused before it starts (host.run_agent): its
-# rows could not all be written.
-MIN_FREE_BYTES = 1024 * 1024
 # The newest rows walked before an open ledger's first write (`chain_problems`): 56 ms at 10k rows, about
 # 0.2 s at a million (the row count is linear); `proctor ledger verify` walks them all (6-7 s at a million).
 RECENT_ROWS = 10_000
 
 T = TypeVar("T")
-
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = []
-migration = MIGRATIONS.append
-
-
-@migration
-def m001_rows(db: sqlite3.Connection) -> None:
-    db.execute(
-        """CREATE TABLE rows (
-            id INTEGER PRIMARY KEY,
-            ts TEXT NOT NULL,
-            kind TEXT NOT NULL,
-            job_id TEXT,
-            payload TEXT NOT NULL,
-            prev_hash TEXT NOT NULL,
-            hash TEXT NOT NULL
-        )"""
-    )
-    db.execute("CREATE INDEX rows_kind ON rows (kind)")
-    db.execute("CREATE INDEX rows_job ON rows (job_id)")
-    for verb in ("update", "delete"):
-        db.execute(
-            f"CREATE TRIGGER rows_no_{verb} BEFORE {verb.upper()} ON rows"
-            " BEGIN SELECT RAISE(ABORT, 'ledger is append-only'); END"
-        )
-
-
-@migration
-def m002_breaker(db: sqlite3.Connection) -> None:
-    # The circuit breaker's current state (mutable, one row per adapter); its transitions go in `rows`.
-    db.execute(
-        """CREATE TABLE breaker (
-            adapter TEXT PRIMARY KEY,
-            state TEXT NOT NULL,
-            failures INTEGER NOT NULL,
-            opened_at REAL,
-            trial_at REAL,
-            backoff_until REAL
-        )"""
-    )
-
-
-def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
-def row_hash(prev_hash: str, row_id: int, ts: str, kind: str, job_id: str | None, payload: str) -> str:
-    # Canonical JSON of a list, not a joined string: a separator inside a field cannot forge another row.
-    material = canonical_json([prev_hash, row_id, ts, kind, job_id, payload])
-    return hashlib.sha256(material.encode("utf-8")).hexdigest()
 
 
 class LedgerError(sqlite3.OperationalError):
@@ -119,42 +66,6 @@ class LedgerTampered(LedgerError):
                          + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
 
 
-def disk_full(exc: BaseException) -> bool:
-    if isinstance(exc, OSError):
-        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
-    if isinstance(exc, sqlite3.Error):
-        code = getattr(exc, "sqlite_errorcode", None)
-        return code == sqlite3.SQLITE_FULL or "disk is full" in str(exc)
-    return False
-
-
-def free_bytes(path: Path) -> int | None:
-    try:
-        return shutil.disk_usage(path).free
-    except OSError:
-        return None
-
-
-@dataclass(frozen=True)
-class Row:
-    id: int
-    ts: str
-    kind: str
-    job_id: str | None
-    payload: dict[str, Any]
-    prev_hash: str
-    hash: str
-
-
-@dataclass(frozen=True)
-class Entry:
-    """A row to append, as returned by an `update` callback."""
-
-    kind: str
-    payload: dict[str, Any] = field(default_factory=dict)
-    job_id: str | None = None
-
-
 class Ledger:
     """`Ledger(path)` opens (creating and migrating) the ledger at `path`; `Ledger.default()` the one under
     `$PROCTOR_HOME`. Safe from several threads (one connection behind a lock) and several processes (WAL,
@@ -163,9 +74,8 @@ class Ledger:
 
     def __init__(self, path: Path | str) -> None:
         self._path = Path(path)
-        self._head_path = self._path.with_suffix(".head")
-        self._reserve_path = self._path.with_suffix(".reserve")
-        self._reserve_checked = False
+        self._head = Head(self._path.with_suffix(".head"))
+        self._reserve = Reserve(self._path.with_suffix(".reserve"))
         self._chain: list[str] | None = None
         self._path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
@@ -194,33 +104,24 @@ class Ledger:
 
     @property
     def head_path(self) -> Path:
-        return self._head_path
+        return self._head.path
 
     @property
     def reserve_path(self) -> Path:
-        return self._reserve_path
+        return self._reserve.path
 
     def space_problem(self) -> str | None:
         """Why a job should not start on this ledger's filesystem (under MIN_FREE_BYTES free), or None."""
-        free = free_bytes(self._path.parent)
-        if free is None or free >= MIN_FREE_BYTES:
-            return None
-        return (f"the ledger's filesystem ({self._path.parent}) has {free} bytes free, under the "
-                f"{MIN_FREE_BYTES} a job needs for its ledger rows")
+        return space.space_problem(self._path.parent)
 
     def _failure(self, exc: BaseException) -> LedgerError:
         return LedgerFull(self._space(exc)) if self._full(exc) else LedgerError(f"the ledger write failed: {exc}")
 
     def _full(self, exc: BaseException) -> bool:
-        # SQLite reports a full disk as SQLITE_FULL only where it sees ENOSPC itself; growing the WAL index
-        # (-shm) on a full filesystem is a bare "disk I/O error". Free space tells which it was.
-        free = free_bytes(self._path.parent)
-        return disk_full(exc) or (isinstance(exc, sqlite3.Error) and free is not None and free < MIN_FREE_BYTES)
+        return space.full(exc, self._path.parent)
 
     def _space(self, exc: BaseException) -> str:
-        free = free_bytes(self._path.parent)
-        where = f"{self._path.parent}, {free} bytes free" if free is not None else str(self._path.parent)
-        return f"the ledger's disk is full ({where}): {exc}"
+        return space.full_reason(exc, self._path.parent)
 
     def __enter__(self) -> Ledger:
         return self
@@ -244,12 +145,7 @@ class Ledger:
         with self._lock:
             db.execute("BEGIN IMMEDIATE")
             try:
-                db.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)")
-                applied = {name for (name,) in db.execute("SELECT name FROM _migrations")}
-                for fn in MIGRATIONS:
-                    if fn.__name__ not in applied:
-                        fn(db)
-                        db.execute("INSERT INTO _migrations VALUES (?, ?)", (fn.__name__, _now()))
+                migrate(db)
                 db.execute("COMMIT")
             except BaseException:
                 _rollback(db)
@@ -277,10 +173,10 @@ class Ledger:
         try:
             done = self._update_once(apply)
         except LedgerFull:
-            if not (reserve and self._release_reserve()):
+            if not (reserve and self._reserve.release()):
                 raise
             done = self._update_once(apply)
-        self._keep_reserve()
+        self._reserve.keep()
         return done
 
     def claim_once(self, kind: str, key: str, payload: dict[str, Any], *, job_id: str | None = None) -> int | None:
@@ -337,24 +233,24 @@ class Ledger:
                     for entry in entries:
                         payload = canonical_json(entry.payload)
                         last_id += 1
-                        ts = _now()
+                        ts = now()
                         digest = row_hash(prev, last_id, ts, entry.kind, entry.job_id, payload)
                         rows.append((last_id, ts, entry.kind, entry.job_id, payload, prev, digest))
                         ids.append(last_id)
                         prev = digest
                     # Both heads are on disk before any row goes in: a disk too full for them changes nothing,
                     # and putting the old head back after a failed commit is a rename, which needs no space.
-                    new_head = self._stage_head(last_id, prev, "new")
+                    new_head = self._head.stage(last_id, prev, "new")
                     staged.append(new_head)
                     if head_before[0]:
-                        old_head = self._stage_head(*head_before, "old")
+                        old_head = self._head.stage(*head_before, "old")
                         staged.append(old_head)
                     db.executemany(
                         "INSERT INTO rows (id, ts, kind, job_id, payload, prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?, ?)",
                         rows,
                     )
                     # Swapped while this process holds the write lock, so heads land in row order.
-                    os.replace(new_head, self._head_path)
+                    os.replace(new_head, self._head.path)
                     staged.remove(new_head)
                     swapped = True
                 db.execute("COMMIT")
@@ -363,12 +259,12 @@ class Ledger:
                     self._undo_head(db, head_before, old_head)
                 _rollback(db)
                 for tmp in staged:
-                    _unlink(tmp)
+                    discard(tmp)
                 if isinstance(exc, (sqlite3.Error, OSError)):
                     raise self._failure(exc) from exc
                 raise
             for tmp in staged:
-                _unlink(tmp)
+                discard(tmp)
             return result, ids
 
     def _recover_interrupted(self) -> None:
@@ -377,23 +273,10 @@ class Ledger:
         Put that old head back when it names the last row, so a crash is not read as a cut tail (which
         every job and command request then refuses). Staged files of writers still alive are left alone;
         one of a dead writer that names anything else is only removed, and `verify` judges the head."""
-        prefix = f".{self._head_path.name}."
-        try:
-            leftovers = [t for t in self._head_path.parent.iterdir()
-                         if t.name.startswith(prefix) and t.name.endswith(".tmp")]
-        except OSError:
-            return
-        for tmp in leftovers:
-            parts = tmp.name[len(prefix):].split(".")
-            try:
-                pid, which = int(parts[0]), parts[2]
-            except (ValueError, IndexError):
-                continue
-            if pid == os.getpid() or _pid_alive(pid):
-                continue
+        for tmp, which in self._head.dead_writers():
             if which == "old":
                 self._restore_head(tmp)
-            _unlink(tmp)
+            discard(tmp)
 
     def _restore_head(self, staged: Path) -> None:
         with self._lock:
@@ -401,11 +284,7 @@ class Ledger:
             try:
                 db.execute("BEGIN IMMEDIATE")
                 last = db.execute("SELECT id, hash FROM rows ORDER BY id DESC LIMIT 1").fetchone()
-                old = json.loads(staged.read_text(encoding="utf-8"))
-                head = json.loads(self._head_path.read_text(encoding="utf-8"))
-                if last is not None and (int(old["id"]), str(old["hash"])) == (last[0], last[1]) \
-                        and int(head["id"]) > last[0]:
-                    os.replace(staged, self._head_path)
+                self._head.restore(staged, last)
             except (sqlite3.Error, OSError, ValueError, KeyError, TypeError):
                 pass  # nothing repaired: `verify` says what it finds
             finally:
@@ -421,63 +300,12 @@ class Ledger:
                 db.execute("BEGIN IMMEDIATE")
             last = db.execute("SELECT id, hash FROM rows ORDER BY id DESC LIMIT 1").fetchone()
             if own or (tuple(last) if last else (0, GENESIS)) == head_before:
-                if old_head is not None:
-                    os.replace(old_head, self._head_path)
-                else:
-                    self._head_path.unlink(missing_ok=True)
+                self._head.put_back(old_head)
         except (sqlite3.Error, OSError):
             pass  # `verify` names a head that does not match the rows
         finally:
             if not own:
                 _rollback(db)
-
-    def _stage_head(self, row_id: int, digest: str, which: str) -> Path:
-        tmp = self._head_path.with_name(
-            f".{self._head_path.name}.{os.getpid()}.{threading.get_ident()}.{which}.tmp")
-        try:
-            tmp.write_text(canonical_json({"id": row_id, "hash": digest}) + "\n", encoding="utf-8")
-        except BaseException:
-            _unlink(tmp)
-            raise
-        return tmp
-
-    def _release_reserve(self) -> bool:
-        """Give the reserve's space back to the filesystem; False when there was none to give."""
-        try:
-            self._reserve_path.unlink()
-        except OSError:
-            return False
-        self._reserve_checked = False
-        return True
-
-    def _keep_reserve(self) -> None:
-        """Make `ledger.reserve` when it is missing and there is room for it (once per open, and again after
-        it was given up)."""
-        if self._reserve_checked:
-            return
-        self._reserve_checked = True
-        if self._reserve_path.exists():
-            return
-        free = free_bytes(self._path.parent)
-        if free is None or free < RESERVE_BYTES + MIN_FREE_BYTES:
-            self._reserve_checked = False  # try again after a later write
-            return
-        tmp = self._reserve_path.with_name(f".{self._reserve_path.name}.{os.getpid()}.tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                try:
-                    os.posix_fallocate(fd, 0, RESERVE_BYTES)
-                except OSError as exc:
-                    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                        raise
-                    os.write(fd, b"\0" * RESERVE_BYTES)  # a filesystem without fallocate
-            finally:
-                os.close(fd)
-            os.replace(tmp, self._reserve_path)
-        except OSError:
-            _unlink(tmp)
-            self._reserve_checked = False
 
     def read(self, query: Callable[[sqlite3.Connection], T]) -> T:
         """Run a read-only `query(db)` on this file (for state kept beside the chain, as the breaker's)."""
@@ -498,7 +326,7 @@ class Ledger:
             sql += " WHERE " + " AND ".join(where)
         with self._lock:
             raw = self._conn().execute(sql + " ORDER BY id", args).fetchall()
-        return [Row(r[0], r[1], r[2], r[3], _payload(r[4]), r[5], r[6]) for r in raw]
+        return [Row(r[0], r[1], r[2], r[3], payload_of(r[4]), r[5], r[6]) for r in raw]
 
     def verify(self, *, last: int | None = None) -> list[str]:
         """Problems found, in row order (empty when intact); the first one names the first bad row id.
@@ -560,7 +388,7 @@ class Ledger:
                 locked = False  # a read-only file or a writer that holds on: read without the lock
             try:
                 last = db.execute("SELECT id, hash FROM rows ORDER BY id DESC LIMIT 1").fetchone()
-                found = self._head_against(last[0] if last else 0,
+                found = self._head.against(last[0] if last else 0,
                                            lambda i: (r[0] if (r := db.execute(
                                                "SELECT hash FROM rows WHERE id = ?", (i,)).fetchone()) else None))
                 if not locked and found and "the tail was cut" in found[0]:
@@ -568,25 +396,6 @@ class Ledger:
                 return found
             finally:
                 _rollback(db)
-
-    def _head_against(self, last_id: int, hash_of: Callable[[int], str | None]) -> list[str]:
-        try:
-            head = json.loads(self._head_path.read_text(encoding="utf-8"))
-            head_id, head_hash = int(head["id"]), str(head["hash"])
-        except FileNotFoundError:
-            if not last_id:
-                return []
-            return [f"row {last_id}: {self._head_path.name} is missing, so a cut tail cannot be ruled out"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return [f"row {last_id}: {self._head_path.name} is unreadable"]
-        if head_id > last_id:
-            return [f"row {last_id + 1}: missing ({self._head_path.name} names row {head_id}; the tail was cut)"]
-        if hash_of(head_id) != head_hash:
-            return [f"row {head_id}: does not match {self._head_path.name} (edited or replaced)"]
-        if head_id < last_id:
-            return [f"row {head_id + 1}: after {self._head_path.name}'s row {head_id} (appended outside proctor?)"]
-        return []
-
 
 def _rollback(db: sqlite3.Connection) -> None:
     # SQLite ends a transaction itself on some errors (a full disk: SQLITE_FULL); a ROLLBACK then would
@@ -596,33 +405,3 @@ def _rollback(db: sqlite3.Connection) -> None:
             db.execute("ROLLBACK")
         except sqlite3.Error:
             pass
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process: alive, and not ours to judge
-    return True
-
-
-def _unlink(path: Path) -> None:
-    try:
-        path.unlink(missing_ok=True)
-    except OSError:
-        pass
-
-
-def _payload(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        # A tampered payload must not break listing; `verify` reports the row.
-        return {"unparseable": text}
-    return value if isinstance(value, dict) else {"value": value}
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds")

@@ -3,6 +3,7 @@
     task      the declared task: tools, effects, permissions, limits
     trusted   the trusted policy (policy.toml): ceilings, forbidden effects, approvals, budgets
     gate      a tool call decided before it runs, with a stable code
+    plan      a task as it would run (`check-task`): its capped limits, each tool as the gate sees it
     diffcheck a job's diff held against what its task declared
     runtime   the in-process loop: an adapter's events, each tool call through the gate, its ledger rows
     stop      the stop switch

@@ -27,7 +27,8 @@ from enum import StrEnum
 from typing import Any
 
 from proctor.contract import Code, Status
-from proctor.mechanisms.ledger.store import Entry, Ledger
+from proctor.mechanisms.ledger.store import Ledger
+from proctor.mechanisms.ledger.rows import Entry
 
 TRANSITION_KIND = "breaker.transition"
 

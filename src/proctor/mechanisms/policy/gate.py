@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from proctor.mechanisms.policy.stop import StopSwitch
 from proctor.mechanisms.policy.task import (
@@ -415,59 +415,3 @@ def decide(
         except PolicyError as exc:
             return _refuse(GateCode.POLICY_BLOCKED, f"trusted policy unusable: {exc}", None)
     return Gate(checked, policy=policy, dry_run=dry_run, stop=lambda: stopped).decide(call)
-
-
-class ToolPlan(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str
-    effect: Effect
-    online: bool
-    permitted: bool
-    denial: str | None
-    outward: bool
-    needs_network: bool
-    paths_required: bool
-    policy_blocked: bool
-
-
-class TaskPlan(BaseModel):
-    """The task as proctor would run it (what `proctor check-task` prints). Nothing is run to make it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    verdict: str
-    """`ready`, or `blocked-escalated` when the workspace rule refuses the task."""
-    code: str
-    reason: str
-    goal: str
-    workspace: str
-    limits: dict[str, int | float]
-    limits_lowered: list[str]
-    policy_source: str | None
-    tools: list[ToolPlan]
-
-
-def plan(task: AgentTask, policy: Policy) -> TaskPlan:
-    problem = check_workspace(task.permissions.workspace)
-    limits = policy.ceilings.cap(task)
-    return TaskPlan(
-        verdict="ready" if problem is None else "blocked-escalated",
-        code=GateCode.OK.value if problem is None else GateCode.WORKSPACE.value,
-        reason=problem or "the task can run; every call is still decided by the gate",
-        goal=task.goal,
-        workspace=task.permissions.workspace,
-        limits={
-            "max_steps": limits.max_steps, "max_tool_calls": limits.max_tool_calls, "wall_clock_s": limits.wall_clock_s,
-        },
-        limits_lowered=policy.ceilings.lowered(task),
-        policy_source=str(policy.source) if policy.source else None,
-        tools=[
-            ToolPlan(
-                name=r.name, effect=r.effect, online=r.online, permitted=r.denial is None, denial=r.denial,
-                outward=r.outward, needs_network=r.needs_network, paths_required=r.file_tool,
-                policy_blocked=r.effect_forbidden,
-            )
-            for r in tool_rules(task, policy).values()
-        ],
-    )

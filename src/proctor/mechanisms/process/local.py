@@ -1,21 +1,14 @@
 """Spawning an agent process tree under a hard deadline, with bounded output tails and a whole-tree kill.
 
-Owns: the `ProcessRunner` seam, its real implementation `LocalRunner`, and the bounded `Tail`. It never
-interprets output (classification and parsing are elsewhere) and never involves a shell: argv is a list.
+Owns: the `ProcessRunner` seam, its real implementation `LocalRunner`, `Limited`, and the bounded `Tail`. It never
+interprets output (classification and parsing are elsewhere) and never involves a shell: argv is a list. A
+spawn's request and result are proctor.mechanisms.process.spawn's; finding and killing its tree (and why a
+cgroup or a subreaper) proctor.mechanisms.process.tree's.
 
-Cleanup, measured on this machine (research/sandbox.md §2e and tests/test_process.py): a process-group kill
-misses a double-forked `setsid` daemon that still holds stdout; a cgroup v2 group (joined before exec) and
-a child subreaper both catch it. The cgroup is used where it can be made; otherwise the host becomes a
-subreaper so orphans re-parent to it, and the tree is found by walking descendants and the job's marker.
-
-Limits (`Limits`, cgroup.py): memory, pids and CPU weight are the kernel's, on the job's groups; the wait
-loop reads their events and ends the run at the first hit (`killed_reason` "resource_limit: ..."). Disk is
-watched: the bytes a run adds to its writable roots (its cwd and `TMPDIR`, or `Spawn.disk_roots`) are summed
-periodically from allocated blocks (sparse files count what they occupy; hard links once), plus files its
-processes hold open after unlinking them, and the run is killed past the cap. A watcher rather than a tmpfs:
-the worktree cannot be a tmpfs, and tmpfs pages are RAM (charged to the memory limit), so a 10 GiB TMPDIR
-would be 10 GiB of the host's memory; `io.max` limits bandwidth, not space. Its price is overshoot between
-two polls (at most the write rate times the interval) and a walk of the roots per poll.
+Limits (`Limits`, proctor.mechanisms.confine.limits): memory, pids and CPU weight are the kernel's, on the job's
+groups (proctor.mechanisms.confine.cgroup); the wait loop reads their events and ends the run at the first hit
+(`killed_reason` "resource_limit: ..."). Disk is watched (proctor.mechanisms.confine.disk says how, and why not
+a tmpfs), and the run is killed past the cap.
 
 The stop switch and cancel (`Spawn.poll`) are read once more as the last thing before the spawn: nothing
 is launched after `proctor stop`, however long the setup before it took.
@@ -23,34 +16,29 @@ is launched after `proctor stop`, however long the setup before it took.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import os
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from functools import cache
+from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar, Protocol
 
 import psutil
 
-from proctor.mechanisms.confine.cgroup import JobGroup, Limits, group_name, human
+from proctor.mechanisms.confine.cgroup import JobGroup, group_name
+from proctor.mechanisms.confine.disk import DiskWatch
+from proctor.mechanisms.confine.limits import Limits, human
+from proctor.mechanisms.process.spawn import TAIL_BYTES, Exit, Spawn
+from proctor.mechanisms.process.tree import ProcessTree, become_subreaper
 
-TAIL_BYTES = 1_000_000
+# Still imported from here by services and surfaces (Watch, Poll) until they import them from spawn.
+
 READ_CHUNK = 1 << 16
-TERM_GRACE_S = 2.0
 POLL_S = 0.1
-KILL_SWEEPS_S = 5.0  # how long kill() keeps sweeping a tree that keeps forking
 LEFTOVER_SETTLE_S = 0.3  # a member still alive this long after the agent exited stayed: it is a leftover
-
-# (stream name, chunk) -> a reason to end the run now, or None. Called from the drain threads.
-Watch = Callable[[str, bytes], str | None]
-# () -> a reason to end the run now (stop switch, cancel, lease lost), or None. Polled by the wait loop.
-Poll = Callable[[], str | None]
 
 
 class Tail:
@@ -76,45 +64,6 @@ class Tail:
         return self.total - len(self.data)
 
 
-@dataclass(frozen=True)
-class Spawn:
-    argv: Sequence[str]
-    cwd: Path
-    env: Mapping[str, str]
-    deadline_s: float
-    stdin: bytes | None = None  # None: /dev/null. Several agent CLIs hang forever on an open stdin pipe.
-    tail_bytes: int = TAIL_BYTES
-    watch: Watch | None = None
-    poll: Poll | None = None
-    name: str = "job"  # unique per run: names the cgroup
-    term_grace_s: float = TERM_GRACE_S
-    limits: Limits | None = None  # None: the runner's
-    disk_roots: tuple[Path, ...] | None = None  # None: cwd and env's TMPDIR
-
-
-@dataclass(frozen=True)
-class Exit:
-    exit_code: int | None  # None: never started (see spawn_error)
-    timed_out: bool = False
-    killed_reason: str | None = None  # poll/watch reason that ended the run
-    stdout: bytes = b""
-    stderr: bytes = b""
-    stdout_dropped: int = 0
-    stderr_dropped: int = 0
-    duration_s: float = 0.0
-    cleanup: str = "none"  # "cgroup" | "subreaper"
-    leftovers_killed: int = 0  # processes still alive after the main one exited
-    spawn_error: str | None = None
-    pid: int | None = None
-    limits: tuple[str, ...] = ()  # what was enforced, e.g. "memory 8 GiB (+0 B swap) (cgroup v1)"
-    limit_gaps: tuple[str, ...] = ()  # limits asked for and not enforced, with why
-    launched: bool = True  # False: poll said stop/cancel at the last check before the spawn
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out and self.killed_reason is None
-
-
 class ProcessRunner(Protocol):
     def run(self, spawn: Spawn) -> Exit: ...
 
@@ -137,114 +86,6 @@ class Limited:
         return ex
 
 
-PR_SET_CHILD_SUBREAPER = 36
-
-
-@cache
-def _become_subreaper() -> bool:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-@dataclass
-class _Tree:
-    """Finds and kills one run's processes, by cgroup where possible, else by descent and marker."""
-
-    root_pid: int
-    marker: tuple[str, str]
-    group: JobGroup | None
-    seen: set[int] = field(default_factory=set)
-    root_reaped: bool = False  # after the wait, root_pid may name an unrelated process
-
-    def _members(self) -> list[psutil.Process]:
-        if self.group is not None:
-            out = []
-            for pid in self.group.pids():
-                try:
-                    out.append(psutil.Process(pid))
-                except psutil.NoSuchProcess:
-                    pass
-            return out
-        procs: dict[int, psutil.Process] = {}
-        if not self.root_reaped:
-            try:
-                root = psutil.Process(self.root_pid)
-                procs[root.pid] = root
-                for p in root.children(recursive=True):
-                    procs[p.pid] = p
-            except psutil.NoSuchProcess:
-                pass
-        # Orphans (a `setsid` daemon whose parent exited) re-parent to us as subreaper; claim those that
-        # carry this run's marker. A daemon that scrubbed its environment is invisible here: that is why
-        # the cgroup is preferred and the result names which cleanup ran.
-        key, value = self.marker
-        for p in psutil.Process().children(recursive=True):
-            if p.pid in procs:
-                continue
-            try:
-                if p.environ().get(key) == value:
-                    procs[p.pid] = p
-                    for c in p.children(recursive=True):
-                        procs[c.pid] = c
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                pass
-        return list(procs.values())
-
-    def alive(self) -> list[psutil.Process]:
-        out = []
-        members = self._members()
-        self.seen.update(p.pid for p in members)
-        for p in members:
-            try:
-                if p.status() != psutil.STATUS_ZOMBIE:
-                    out.append(p)
-            except psutil.NoSuchProcess:
-                pass
-        return out
-
-    def signal_all(self, sig: int) -> None:
-        """One signal to every member: the process group at once, then those that left it (setsid).
-
-        Never twice to the same process: a CLI that exits cleanly on its first TERM can die of a second one
-        delivered mid-shutdown, which would turn its exit 0 into -15.
-        """
-        try:
-            os.killpg(self.root_pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        for p in self._members():
-            try:
-                if os.getpgid(p.pid) != self.root_pid:
-                    p.send_signal(sig)
-            except (psutil.NoSuchProcess, ProcessLookupError):
-                pass
-
-    def kill(self) -> None:
-        if self.group is not None:
-            self.group.kill()
-        # Repeat until none is left (bounded in time, not in sweeps, which a loaded machine stretches): a
-        # fork loop can add members between one sweep and the next.
-        deadline = time.monotonic() + KILL_SWEEPS_S
-        while time.monotonic() < deadline:
-            if not self.alive():
-                break
-            self.signal_all(signal.SIGKILL)
-            time.sleep(0.01)
-        self._reap()
-
-    def _reap(self) -> None:
-        # As subreaper we inherit this tree's orphans; reap their zombies so a long-lived host does not
-        # collect them. Only pids of this tree: waitpid(-1) would steal another job's exit status.
-        for pid in self.seen - {self.root_pid}:
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-
-
 class LocalRunner:
     """The real runner: own session and process group, job cgroup or subreaper, deadline, bounded tails."""
 
@@ -264,7 +105,7 @@ class LocalRunner:
         deadline = start + spawn.deadline_s
         limits = spawn.limits or self.limits
         group = JobGroup.create(group_name(spawn.name), limits) if self.use_cgroup else None
-        cleanup = "cgroup" if group is not None else ("subreaper" if _become_subreaper() else "pgid")
+        cleanup = "cgroup" if group is not None else ("subreaper" if become_subreaper() else "pgid")
         enforced = tuple(group.enforced.values()) if group is not None else ()
         gaps = list(group.gaps) if group is not None else []
         if group is None and any(v is not None for v in (limits.memory, limits.pids, limits.cpu_weight)):
@@ -272,11 +113,11 @@ class LocalRunner:
         marker_value = f"{spawn.name}:{time.monotonic_ns()}"
         env = dict(spawn.env)
         env["PROCTOR_RUN_MARKER"] = marker_value
-        disk: _DiskWatch | None = None
+        disk: DiskWatch | None = None
         if limits.disk is not None:
             roots = spawn.disk_roots if spawn.disk_roots is not None else tuple(
                 Path(p) for p in (spawn.cwd, env.get("TMPDIR")) if p)
-            disk = _DiskWatch(roots, limits.disk, group)
+            disk = DiskWatch(roots, limits.disk, group)
             enforced += (f"disk {human(limits.disk)} added to {', '.join(map(str, disk.roots))} (watched)",)
         gaps_t = tuple(gaps)
 
@@ -321,7 +162,7 @@ class LocalRunner:
         if group is not None:
             group.close_fd()
 
-        tree = _Tree(proc.pid, ("PROCTOR_RUN_MARKER", marker_value), group)
+        tree = ProcessTree(proc.pid, ("PROCTOR_RUN_MARKER", marker_value), group)
         tails = {"stdout": Tail(spawn.tail_bytes), "stderr": Tail(spawn.tail_bytes)}
         watch_reason: list[str] = []
 
@@ -355,7 +196,7 @@ class LocalRunner:
         for t in threads:
             t.start()
         if disk is not None:
-            disk.start(tree)
+            disk.start(lambda: [p.pid for p in tree.alive()])
 
         timed_out = False
         killed_reason: str | None = None
@@ -460,9 +301,6 @@ class LocalRunner:
                         pass
 
 
-DISK_POLL_S = 0.1
-
-
 def _preexec(group: JobGroup | None, disk: int | None) -> Callable[[], None] | None:
     """What the child does between fork and exec: join the job's groups, and cap any one file it writes at
     the disk limit (RLIMIT_FSIZE: the kernel refuses the byte past it, so a single huge file never
@@ -479,107 +317,6 @@ def _preexec(group: JobGroup | None, disk: int | None) -> Callable[[], None] | N
         resource.setrlimit(resource.RLIMIT_FSIZE, cap)
 
     return child
-
-
-def _usage(roots: Sequence[Path]) -> int:
-    """Bytes allocated beneath `roots` (st_blocks, no symlink followed, each inode once)."""
-    seen: set[tuple[int, int]] = set()
-    total = 0
-    stack = [str(r) for r in roots]
-    while stack:
-        top = stack.pop()
-        try:
-            it = os.scandir(top)
-        except OSError:
-            continue
-        with it:
-            for e in it:
-                try:
-                    st = e.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                key = (st.st_dev, st.st_ino)
-                if key in seen:
-                    continue
-                seen.add(key)
-                total += st.st_blocks * 512
-                if e.is_dir(follow_symlinks=False):
-                    stack.append(e.path)
-    return total
-
-
-def _unlinked_open(pids: Sequence[int]) -> int:
-    """Bytes held by files the run's processes keep open after unlinking them (invisible to a walk)."""
-    seen: set[tuple[int, int]] = set()
-    total = 0
-    for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                st = os.stat(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if st.st_nlink == 0 and (st.st_dev, st.st_ino) not in seen and (st.st_mode & 0o170000) == 0o100000:
-                seen.add((st.st_dev, st.st_ino))
-                total += st.st_blocks * 512
-    return total
-
-
-class _DiskWatch:
-    """Polls the bytes a run added to its writable roots; `hit` names the cap once they pass it."""
-
-    def __init__(self, roots: Sequence[Path], cap: int, group: JobGroup | None) -> None:
-        # Nested roots (a TMPDIR inside the cwd) are walked once.
-        rs = sorted({Path(os.path.abspath(r)) for r in roots}, key=lambda p: len(p.parts))
-        self.roots = tuple(r for i, r in enumerate(rs) if not any(o in r.parents for o in rs[:i]))
-        self.cap = cap
-        self.group = group
-        self.baseline = _usage(self.roots)
-        self.hit: str | None = None
-        self.peak = 0
-        self._stop = threading.Event()
-        self._tree: _Tree | None = None
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def start(self, tree: _Tree) -> None:
-        self._tree = tree
-        self._thread.start()
-
-    def _pids(self) -> list[int]:
-        if self.group is not None:
-            return self.group.pids()
-        return [p.pid for p in self._tree.alive()] if self._tree is not None else []
-
-    def check(self) -> str | None:
-        added = _usage(self.roots) + _unlinked_open(self._pids()) - self.baseline
-        self.peak = max(self.peak, added)
-        if added >= self.cap and self.hit is None:
-            self.hit = (f"resource_limit: disk limit {human(self.cap)} reached: the job added {human(added)} "
-                        f"({added} bytes) to {', '.join(map(str, self.roots))}")
-        return self.hit
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            t0 = time.monotonic()
-            try:
-                if self.check():
-                    return
-            except Exception:  # noqa: BLE001 - a failing walk must not end the watch silently
-                pass
-            # Adaptive: a big tree is walked at most ~10% of the time.
-            self._stop.wait(max(DISK_POLL_S, 10 * (time.monotonic() - t0)))
-
-    def final(self) -> str | None:
-        """One last look after the run exited (it may have written its last bytes just before)."""
-        return self.hit or self.check()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
 
 
 def _feed(fh, data: bytes) -> None:

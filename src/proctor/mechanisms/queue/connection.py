@@ -14,7 +14,7 @@ import ssl
 from pathlib import Path
 from typing import Any
 
-from proctor.mechanisms.config.load import QueueSettings
+from proctor.mechanisms.config.model import QueueSettings
 from proctor.mechanisms.queue import server
 
 

@@ -26,7 +26,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from proctor.mechanisms.ledger.store import canonical_json as ledger_canonical_json
+from proctor.mechanisms.ledger.rows import canonical_json as ledger_canonical_json
 
 ENVELOPE_VERSION = 1
 JOB_DOMAIN = b"proctor/job/v1\n"

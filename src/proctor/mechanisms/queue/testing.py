@@ -233,7 +233,7 @@ def start_fleet(folder: Path, senders: dict[str, list[str] | None]) -> FleetServ
     lanes made by the admin. `senders`: name -> the hosts it may enqueue for (None: any)."""
     import asyncio
 
-    from proctor.mechanisms.config.load import QueueSettings
+    from proctor.mechanisms.config.model import QueueSettings
     from proctor.mechanisms.queue import connection, server
     from proctor.mechanisms.queue.fleet import Fleet, Tls
     from proctor.mechanisms.queue.jetstream import JetStreamBackend

@@ -18,7 +18,8 @@ from pathlib import Path
 from proctor.mechanisms.evidence import instrument as evidence
 from proctor.mechanisms.evidence.verdict import judge
 from proctor.mechanisms.git import frozen
-from proctor.mechanisms.process.local import Poll, ProcessRunner, Spawn, Watch
+from proctor.mechanisms.process.local import ProcessRunner
+from proctor.mechanisms.process.spawn import Poll, Spawn, Watch
 
 VALIDATE_TIMEOUT_S = 900
 OUTPUT_TAIL_BYTES = 64 * 1024

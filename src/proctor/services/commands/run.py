@@ -34,7 +34,8 @@ from proctor.services.commands.request import CommandRequest, StdinContent, read
 from proctor.services.commands.result import CommandResult
 from proctor.home import proctor_home
 from proctor.mechanisms.git.command import git
-from proctor.mechanisms.process.local import Exit, LocalRunner, ProcessRunner, Spawn
+from proctor.mechanisms.process.local import LocalRunner, ProcessRunner
+from proctor.mechanisms.process.spawn import Exit, Spawn
 from proctor.mechanisms.ledger.store import Ledger
 from proctor.mechanisms.policy.trusted import check_workspace
 

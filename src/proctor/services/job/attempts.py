@@ -23,7 +23,8 @@ from proctor.mechanisms.adapters.spec import AdapterSpec
 from proctor.mechanisms.confine.bwrap import tmpfs_dirs
 from proctor.contract import Code, Status
 from proctor.services.job.classify import Patterns, classify, misconfigured
-from proctor.mechanisms.process.local import Exit, ProcessRunner, Spawn, Watch
+from proctor.mechanisms.process.local import ProcessRunner
+from proctor.mechanisms.process.spawn import Exit, Spawn, Watch
 from proctor.services.job.progress import Progress
 
 MAX_ATTEMPTS = 2  # one retry on a nonzero exit, unless the adapter declares retry = false

@@ -11,9 +11,9 @@ from proctor.contract import RunAgentRequest
 from proctor.mechanisms import confine, gatekeeper
 from proctor.mechanisms.adapters.output import Backend, Usage
 from proctor.mechanisms.adapters.spec import AdapterSpec
-from proctor.mechanisms.config.load import Config
+from proctor.mechanisms.config.model import Config
 from proctor.mechanisms.config.settings import RepoSettings
-from proctor.mechanisms.confine.cgroup import Limits
+from proctor.mechanisms.confine.limits import Limits
 from proctor.mechanisms.confine.egress import EgressProxy
 from proctor.mechanisms.ledger.store import Ledger
 from proctor.mechanisms.policy.governor import UsageGovernor

@@ -8,7 +8,8 @@ import os
 
 from proctor.contract import Code, RunAgentResult, Status
 from proctor.mechanisms.evidence import preempt, signals
-from proctor.mechanisms.git import frozen, landing, worktree
+from proctor.mechanisms.git import frozen, landing, scan, worktree
+from proctor.mechanisms.git.materialise import materialise
 from proctor.mechanisms.git.command import git
 from proctor.mechanisms.policy import diffcheck
 from proctor.mechanisms.policy.trusted import Policy, PolicyError
@@ -26,7 +27,7 @@ def land(job: Job, wt: worktree.Worktree, result: RunAgentResult) -> landing.Lan
         result.status, result.code = Status.failed, Code.HOST_ERROR
         job.risks.append(f"could not take the agent's worktree for review: {exc}")
         return None
-    found = landing.scan(job.work)
+    found = scan.scan(job.work)
     if isinstance(found, worktree.Failure):
         result.status, result.code = Status.failed, Code.TAMPERED
         job.risks.append(f"the job's tree was not built: {found.reason}")
@@ -53,7 +54,7 @@ def land(job: Job, wt: worktree.Worktree, result: RunAgentResult) -> landing.Lan
     return built
 
 
-def _report_scan(job: Job, found: landing.Scan, result: RunAgentResult) -> None:
+def _report_scan(job: Job, found: scan.Scan, result: RunAgentResult) -> None:
     if found.special:
         # A FIFO where the host reads hung it for ever in review; nothing honest leaves one.
         result.status, result.code = Status.failed, Code.TAMPERED
@@ -100,7 +101,7 @@ def review_checkout(job: Job, wt: worktree.Worktree, landed: landing.Landing | N
         if not worktree.remove_tree(job.work):
             job.risks.append(f"the agent's scratch directory {job.work} could not be removed")
         return
-    made = landing.materialise(job.work, landed.git_dir, landed.tree, landed.index,
+    made = materialise(job.work, landed.git_dir, landed.tree, landed.index,
                                known=landed.known) if dirty else None
     failure = made or landing.fresh_index_copy(landed.index, landed.git_dir)
     if failure is None:

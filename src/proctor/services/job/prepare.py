@@ -12,7 +12,8 @@ from proctor.contract import Code, RunAgentResult
 from proctor.mechanisms import confine
 from proctor.mechanisms.config.settings import RepoSettings
 from proctor.mechanisms.git import worktree
-from proctor.mechanisms.process.local import Limited, ProcessRunner, Spawn
+from proctor.mechanisms.process.local import Limited, ProcessRunner
+from proctor.mechanisms.process.spawn import Spawn
 from proctor.mechanisms.validation import environment
 from proctor.mechanisms.validation import plan as vplan
 from proctor.services.job import gate

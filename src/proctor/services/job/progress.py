@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Protocol
 
-from proctor.mechanisms.process.local import Watch
+from proctor.mechanisms.process.spawn import Watch
 from proctor.mechanisms.terminal import visible
 
 if TYPE_CHECKING:

@@ -37,7 +37,7 @@ from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status
 from proctor.home import proctor_home
 from proctor.mechanisms.confine import beneath
 from proctor.mechanisms.ledger.store import Ledger, LedgerError, LedgerFull, LedgerTampered
-from proctor.mechanisms.process.local import Watch
+from proctor.mechanisms.process.spawn import Watch
 from proctor.mechanisms.terminal import visible
 from proctor.services.job.progress import NullProgress, Progress
 

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status
-from proctor.mechanisms.config.load import Config, ConfigError, load_config
+from proctor.mechanisms.config.load import ConfigError, load_config
+from proctor.mechanisms.config.model import Config
 from proctor.mechanisms.confine import cgroup
 from proctor.mechanisms.ledger.store import Ledger, LedgerFull
 from proctor.mechanisms.policy.breaker import Breaker
@@ -34,7 +35,7 @@ from proctor.services.job import admit, agent, gate, judge, land, prepare, recor
 from proctor.services.job.context import Job
 from proctor.services.job.network import refused_egress
 from proctor.services.job.progress import Progress
-from proctor.services.job.record import new_job_id, refused  # noqa: F401  TEMP-RESHAPE: mcp imports new_job_id here until its split lands
+from proctor.services.job.record import refused
 
 
 def run_agent(

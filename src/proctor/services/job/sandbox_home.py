@@ -34,7 +34,8 @@ from pathlib import Path
 
 from proctor.mechanisms.adapters.spec import AdapterSpec
 from proctor.mechanisms.confine.roots import around
-from proctor.mechanisms.validation.environment import HOME_TOOLS, read_capped
+from proctor.mechanisms.validation.environment import HOME_TOOLS
+from proctor.mechanisms.validation.capped import read_capped
 
 # Passed from the host whatever the adapter: what a CLI needs to find programs, speak the user's language
 # and draw its output. Never proxies (the confinement gives its own), never GIT_* (proctor.mechanisms.git.command).

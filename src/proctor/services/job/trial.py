@@ -13,9 +13,12 @@ from proctor.mechanisms import confine
 from proctor.mechanisms.evidence import holdout as held
 from proctor.mechanisms.evidence.instrument import instrument, strip_bytecode
 from proctor.mechanisms.git import landing, worktree
-from proctor.mechanisms.process.local import Spawn
+from proctor.mechanisms.git.materialise import materialise
+from proctor.mechanisms.process.spawn import Spawn
 from proctor.mechanisms.validation import environment
 from proctor.mechanisms.validation import plan as vplan
+from proctor.mechanisms.validation import probe
+from proctor.mechanisms.validation.job_environment import JobEnvironment
 from proctor.services.job.boundary import hide_home, main_repo
 from proctor.services.job.context import Job
 from proctor.services.job.record import validation_log
@@ -48,7 +51,7 @@ def run(job: Job, trial: Trial, result: RunAgentResult | None) -> vplan.Run | No
     network). None (and a risk) when it could not run."""
     wt, landed, name = trial.wt, trial.landed, trial.name
     tmpdir = job.host_tmp / f"{name}-tmp"
-    made = (landing.materialise(job.work, landed.git_dir, trial.tree, landed.index, known=landed.known)
+    made = (materialise(job.work, landed.git_dir, trial.tree, landed.index, known=landed.known)
             if trial.tree is not None else None) or landing.scratch_git_dir(job.work, landed, wt, landed.index)
     if made is not None:
         job.risks.append(f"validation not run: {made.reason}")
@@ -85,7 +88,7 @@ def run(job: Job, trial: Trial, result: RunAgentResult | None) -> vplan.Run | No
     return _run_in(job, plan, jenv, readonly, tmpdir, trial, first, frozenset(landed.changed))
 
 
-def _run_in(job: Job, plan: vplan.Plan, jenv: environment.JobEnvironment, readonly: tuple[Path, ...],
+def _run_in(job: Job, plan: vplan.Plan, jenv: JobEnvironment, readonly: tuple[Path, ...],
             tmpdir: Path, trial: Trial, first: bool, changed: frozenset[str]) -> vplan.Run | None:
     # The evidence plugin sits in a host-owned dir the sandbox sees read-only at the same path; what it
     # reports goes to the run's private tmp (proctor.mechanisms.evidence.instrument says why env, not argv).
@@ -113,7 +116,7 @@ def _run_in(job: Job, plan: vplan.Plan, jenv: environment.JobEnvironment, readon
                                       name=f"probe-{job.job_id}", poll=job.poll(), tail_bytes=64_000))
             return ex.exit_code, ex.stdout
 
-        probe_risks, found = environment.check(jenv, run_env, run_probe)
+        probe_risks, found = probe.check(jenv, run_env, run_probe)
         job.risks.extend(probe_risks)
         job.ledger.append("job.probe", {"jobId": job.job_id, "found": found, "risks": probe_risks},
                           job_id=job.job_id)

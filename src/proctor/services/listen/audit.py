@@ -13,6 +13,9 @@ Why batched: each ledger append is one transaction plus a head-file replace, mea
 rows of every job that asks in the same moment go in one ledger transaction, written by one worker thread
 (the ledger is shared with other processes, whose write lock the event loop must never wait for), and one
 flush at a time, so a commit returns only once its rows are in the ledger.
+
+Also owns the listener's side of any audit log (`AuditLog`, `record_row`): a BatchedAudit appended to on the
+event loop, anything else (a plain Ledger) written from a worker thread.
 """
 
 from __future__ import annotations
@@ -20,9 +23,40 @@ from __future__ import annotations
 import asyncio
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from proctor.mechanisms.ledger.store import Entry, Ledger
+from proctor.mechanisms.ledger.store import Ledger
+from proctor.mechanisms.ledger.rows import Entry
+
+
+class AuditLog(Protocol):
+    """`append` may buffer (BatchedAudit); an audit with a `flush()` method is flushed before the listener
+    publishes anything a reader may check against it. One without (a plain Ledger) writes at once. One with an
+    async `commit()` (BatchedAudit) is appended to on the event loop and group-committed by `commit()`; any
+    other is written from a worker thread."""
+
+    def append(self, kind: str, payload: dict[str, Any], *, job_id: str | None = None) -> int: ...
+
+
+async def record_row(
+    audit: AuditLog, kind: str, payload: dict[str, Any], *, job_id: str | None = None, durable: bool = False
+) -> None:
+    """Append an audit row; `durable`: committed (with every row before it) when this returns, for rows
+    that must be readable by the time anything is published."""
+    commit = getattr(audit, "commit", None)
+    if commit is not None:  # BatchedAudit: a list append here, and a group commit when it must be durable
+        audit.append(kind, payload, job_id=job_id)
+        if durable:
+            await commit()
+        return
+
+    def write() -> None:
+        audit.append(kind, payload, job_id=job_id)
+        flush = getattr(audit, "flush", None)
+        if durable and flush is not None:
+            flush()
+
+    await asyncio.to_thread(write)
 
 
 @dataclass

@@ -19,7 +19,7 @@ from proctor.contract import RunAgentRequest
 from proctor.mechanisms.queue.store import JobStore, Owner
 
 if TYPE_CHECKING:
-    from proctor.mechanisms.config.load import Config
+    from proctor.mechanisms.config.model import Config
     from proctor.mechanisms.policy.governor import Spend
 
 

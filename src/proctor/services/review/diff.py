@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from proctor.mechanisms.git.command import git
-from proctor.mechanisms.git.landing import changed_paths
+from proctor.mechanisms.git.trees import changed_paths
 from proctor.mechanisms.git.worktree import Failure
 from proctor.services.review.jobs import Job
 from proctor.services.review.objects import JobObjects, open_objects

@@ -19,7 +19,8 @@ from typing import Any
 
 from proctor.services.job import record
 from proctor.mechanisms.git import worktree
-from proctor.mechanisms.ledger.store import Ledger, Row
+from proctor.mechanisms.ledger.store import Ledger
+from proctor.mechanisms.ledger.rows import Row
 from proctor.services.review.outcome import Code, Outcome, refuse
 
 GATE_KINDS = ("gate.decision", "gate.refusal", "egress.decision")

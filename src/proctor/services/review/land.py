@@ -34,12 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from proctor.mechanisms.config.load import Config, ConfigError, load_config
-from proctor.mechanisms.confine import beneath
+from proctor.mechanisms.config.load import ConfigError, load_config
+from proctor.mechanisms.config.model import Config
+from proctor.mechanisms.confine import CONFINE_ORDER, beneath
 from proctor.contract import check_ref
 from proctor.mechanisms.git import worktree
 from proctor.mechanisms.git.command import git
-from proctor.mechanisms.git.landing import COMMIT_ENV, tree_entries
+from proctor.mechanisms.git.landing import COMMIT_ENV
+from proctor.mechanisms.git.trees import tree_entries
 from proctor.mechanisms.ledger.store import Ledger, LedgerError
 from proctor.mechanisms.policy.stop import StopSwitch
 from proctor.services.review import revalidate
@@ -72,14 +74,11 @@ def landable(job: Job) -> str | None:
     return None
 
 
-CONFINE_ORDER = ("off", "auto", "required")
-
-
 def stronger(job_mode: object, config_mode: str) -> str:
     """Re-validation runs agent code anew: under the job's confine mode or today's config, whichever is
     stronger (a job run with --confine off does not make its landing unconfined once config says auto)."""
     modes = [m for m in (job_mode, config_mode) if m in CONFINE_ORDER]
-    return max(modes, key=CONFINE_ORDER.index) if modes else "auto"
+    return max(modes, key=CONFINE_ORDER.__getitem__) if modes else "auto"
 
 
 def _commit_env() -> dict[str, str]:

@@ -28,11 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from proctor.mechanisms import confine
-from proctor.mechanisms.config.load import Config
+from proctor.mechanisms.config.model import Config
 from proctor.mechanisms.evidence.instrument import instrument, strip_bytecode
 from proctor.mechanisms.config.settings import RepoSettings
 from proctor.mechanisms.validation import environment, plan as validate
 from proctor.mechanisms.git import frozen, landing, worktree
+from proctor.mechanisms.git.materialise import materialise
+from proctor.mechanisms.git.trees import changed_paths
 from proctor.services.job import record
 from proctor.mechanisms.git.command import unredirected_env
 from proctor.mechanisms.process.local import LocalRunner, ProcessRunner
@@ -89,7 +91,7 @@ def plan_for(s: Subject, index: Path, repo_tables: dict[str, dict[str, Any]] | N
     if s.validate_command:
         plan = validate.given(s.validate_command)
     else:
-        made = landing.materialise(s.checkout, s.git_dir, s.target, index)
+        made = materialise(s.checkout, s.git_dir, s.target, index)
         plan = validate.Plan((), f"validation not run: {made.reason}") if made else validate.detect(s.checkout)
     cfg = environment.settings(repo_tables, s.repo.path, s.git_dir, s.target)
     if isinstance(cfg, str):
@@ -138,14 +140,14 @@ def revalidate(s: Subject, config: Config, *, poll: Callable[[], str | None] | N
 
 
 def _changed(s: Subject) -> list[str]:
-    got = landing.changed_paths(s.git_dir, s.target, s.commit)
+    got = changed_paths(s.git_dir, s.target, s.commit)
     return [] if isinstance(got, worktree.Failure) else got
 
 
 def _run(s: Subject, config: Config, confiner: confine.Confiner, plan: validate.Plan,
          cfg: RepoSettings | None, index: Path, tree: str, name: str, tmpdir: Path,
          runner: ProcessRunner, poll: Callable[[], str | None] | None, out: Revalidation) -> validate.Run | None:
-    made = landing.materialise(s.checkout, s.git_dir, tree, index) or _scratch_git(s, index, s.commit)
+    made = materialise(s.checkout, s.git_dir, tree, index) or _scratch_git(s, index, s.commit)
     if made is not None:
         out.reason = f"validation not run: {made.reason}"
         return None

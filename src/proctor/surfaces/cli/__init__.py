@@ -11,6 +11,7 @@ from proctor.surfaces.cli.main import main
 # Command modules: each adds itself to `main` on import. One line per module, keep sorted.
 from proctor.surfaces.cli import adapters as _adapters  # noqa: F401
 from proctor.surfaces.cli import commands as _commands  # noqa: F401
+from proctor.surfaces.cli import keys as _keys  # noqa: F401
 from proctor.surfaces.cli import mcp as _mcp  # noqa: F401
 from proctor.surfaces.cli import policy as _policy  # noqa: F401
 from proctor.surfaces.cli import queue as _queue  # noqa: F401

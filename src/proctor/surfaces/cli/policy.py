@@ -19,7 +19,8 @@ from pydantic import BaseModel, ValidationError
 from proctor.surfaces.cli.main import main
 from proctor.home import proctor_home
 from proctor.mechanisms.ledger.store import LEDGER_FILE, Ledger
-from proctor.mechanisms.policy.gate import Gate, plan
+from proctor.mechanisms.policy.gate import Gate
+from proctor.mechanisms.policy.plan import plan
 from proctor.mechanisms.policy.stop import StopSwitch
 from proctor.mechanisms.policy.task import AgentTask, ToolCall
 from proctor.mechanisms.policy.trusted import Policy, PolicyError

@@ -11,7 +11,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from proctor.mechanisms.process.local import Watch
+from proctor.mechanisms.process.spawn import Watch
 from proctor.mechanisms.terminal import visible
 from proctor.services.job.progress import NullProgress
 

@@ -13,7 +13,6 @@ import json
 import math
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -22,13 +21,13 @@ import click
 from click.core import ParameterSource
 
 from proctor.surfaces.cli.main import main
-from proctor.mechanisms.config.load import ConfigError, QueueSettings, load_config
+from proctor.mechanisms.config.load import ConfigError, load_config
+from proctor.mechanisms.config.model import QueueSettings
 from proctor.home import ensure_home
 from proctor.mechanisms.ledger.store import Ledger
 from proctor.mechanisms.queue import connection, keys, sender, server
 from proctor.services.listen.audit import BatchedAudit
-from proctor.mechanisms.queue.backend import check_name
-from proctor.mechanisms.queue.envelope import ED25519, HMAC_SHA256, EnvelopeError, Sealed, unseal
+from proctor.mechanisms.queue.envelope import EnvelopeError, Sealed, unseal
 from proctor.mechanisms.queue.jetstream import JetStreamBackend
 from proctor.services.listen.kinds import NoopRunner, ProcessAgentRunner
 from proctor.services.listen.listener import Listener, Settings
@@ -46,7 +45,7 @@ def fail(message: str) -> NoReturn:
     sys.exit(2)
 
 
-def _queue_settings(config_file: str | None = None) -> QueueSettings:
+def queue_settings(config_file: str | None = None) -> QueueSettings:
     try:
         return load_config(config_file).queue
     except ConfigError as exc:
@@ -56,13 +55,13 @@ def _queue_settings(config_file: str | None = None) -> QueueSettings:
 def resolve_queue(explicit: str | None, config_file: str | None = None) -> str:
     """`--queue`/`$PROCTOR_QUEUE`, else `[queue] servers` of the config, else the bundled local server."""
     try:
-        return connection.servers(explicit, _queue_settings(config_file), ensure_home())
+        return connection.servers(explicit, queue_settings(config_file), ensure_home())
     except server.ServerError as exc:
         fail(str(exc))
 
 
 async def connect(url: str, config_file: str | None = None, **options: Any) -> JetStreamBackend:
-    settings = _queue_settings(config_file)
+    settings = queue_settings(config_file)
     try:
         options = {**connection.options(url, settings, ensure_home()), **options}
     except connection.QueueConnectionError as exc:
@@ -238,7 +237,7 @@ def _trust() -> TrustStore:
 
 def _tally_reach(url: str, host: str, nkey_seed: str | None, config_file: str | None) -> dict[str, str]:
     """How a run_agent job's child reaches the fleet's spend tally: as this listener reaches the queue."""
-    seed = nkey_seed or _queue_settings(config_file).nkey_seed
+    seed = nkey_seed or queue_settings(config_file).nkey_seed
     return {"url": url, **({"nkey_seed": str(Path(seed).expanduser().absolute()), "inbox": f"_INBOX_{host}"}
                            if seed else {})}
 
@@ -276,7 +275,7 @@ def listen_cmd(host, lanes, ack_wait_s, config_file, nkey_seed, queue_url) -> No
 
     async def go() -> None:
         options: dict[str, Any] = {}
-        seed = nkey_seed or _queue_settings(config_file).nkey_seed
+        seed = nkey_seed or queue_settings(config_file).nkey_seed
         if seed:
             options = {"nkeys_seed": seed, "inbox_prefix": f"_INBOX_{host}".encode()}
         backend = await connect(url, config_file, **options)
@@ -338,83 +337,3 @@ def cancel_cmd(job_id, reason, key_name, queue_url) -> None:
     if not asyncio.run(go()):
         fail(f"no job {job_id} on this queue")
     click.echo(json.dumps({"jobId": job_id, "cancelRequested": reason}))
-
-
-KNOWN_KINDS = ("run_agent", "noop")
-
-
-@main.group("keys")
-def keys_group() -> None:
-    """Signing keys under $PROCTOR_HOME/keys (`default` signs jobs, `host` signs a listener's results)."""
-
-
-def trust_options(f: Any) -> Any:
-    for opt in reversed([
-        click.option("--role", type=click.Choice(keys.ROLES), default=None,
-                     help="What the key is for: `sender` signs jobs, `host` signs a listener's results "
-                          "(default: by its name, `default` or `host`; any other name prints both entries)."),
-        click.option("--host", "host_name", default=None,
-                     help="For a host key: the name its listener runs as (`proctor listen --host`); "
-                          "default: this machine's hostname."),
-        click.option("--kinds", default="run_agent", show_default=True,
-                     help="For a sender key: the job kinds listeners should run (comma-separated)."),
-    ]):
-        f = opt(f)
-    return f
-
-
-@keys_group.command("generate")
-@click.option("--name", default=keys.SENDER_KEY, show_default=True)
-@click.option("--hmac", "use_hmac", is_flag=True, help="A shared HMAC-SHA256 secret instead of Ed25519.")
-@click.option("--force", is_flag=True, help="Replace an existing key.")
-@trust_options
-def keys_generate(name, use_hmac, force, role, host_name, kinds) -> None:
-    """Create a key; print its id and the signers.toml entry that trusts it for its role."""
-    trust = _trust_args(name, role, host_name, kinds)  # before the key exists: a bad flag makes nothing
-    try:
-        info = keys.generate(name, alg=HMAC_SHA256 if use_hmac else ED25519, home=ensure_home(), overwrite=force)
-    except keys.KeyFileError as exc:
-        fail(str(exc))
-    _show(info, *trust)
-
-
-@keys_group.command("show")
-@click.option("--name", default=keys.SENDER_KEY, show_default=True)
-@trust_options
-def keys_show(name, role, host_name, kinds) -> None:
-    """Print a key's id, public key and the signers.toml entry for its role (never the private half)."""
-    trust = _trust_args(name, role, host_name, kinds)
-    try:
-        info = keys.info(name)
-    except keys.KeyFileError as exc:
-        fail(str(exc))
-    _show(info, *trust)
-
-
-def _trust_args(name: str, role: str | None, host_name: str | None,
-                kinds_spec: str) -> tuple[str | None, str, str, tuple[str, ...]]:
-    role = role or keys.role_of(name)
-    kinds = tuple(k.strip() for k in kinds_spec.split(",") if k.strip())
-    if not kinds or any(k not in KNOWN_KINDS for k in kinds):
-        fail(f"--kinds {kinds_spec!r}: each must be one of {', '.join(KNOWN_KINDS)}")
-    # Senders look a result's key up by the host name their envelope targets: the listener's --host.
-    host_from = "--host"
-    if host_name is None:
-        host_name = socket.gethostname().split(".")[0]
-        host_from = "this machine's hostname (pass --host NAME if its listener runs under another name)"
-    if role != keys.SENDER:
-        try:
-            check_name("host", host_name)
-        except ValueError as exc:
-            fail(f"{exc}; pass --host NAME, the name this key's listener runs as")
-    return role, host_name, host_from, kinds
-
-
-def _show(info: keys.KeyInfo, role: str | None, host_name: str, host_from: str, kinds: tuple[str, ...]) -> None:
-    out: dict[str, Any] = {"name": info.name, "alg": info.alg, "kid": info.kid, "publicKey": info.public_key,
-                           "role": role}
-    if role != keys.SENDER:
-        out.update(hostName=host_name, hostNameFrom=host_from)
-    out["entries"] = info.trust_entries(role, host=host_name, kinds=kinds)
-    out["signersToml"] = info.trust_toml(role, host=host_name, kinds=kinds)
-    click.echo(json.dumps(out, indent=2))

@@ -44,9 +44,9 @@ def usage_cmd(as_json: bool, fleet: bool, queue_url: str | None, config_file: st
     except PolicyError as exc:
         _refuse(Code.CONFIG_INVALID, str(exc), 2)
     if fleet:
-        from proctor.surfaces.cli.queue import _queue_settings, resolve_queue
+        from proctor.surfaces.cli.queue import queue_settings, resolve_queue
 
-        url, settings = resolve_queue(queue_url, config_file), _queue_settings(config_file)
+        url, settings = resolve_queue(queue_url, config_file), queue_settings(config_file)
 
         def store() -> Tally:
             return fleet_tally(url, settings, ensure_home())

@@ -1,0 +1,127 @@
+"""The disk limit of one run: the bytes it adds to its writable roots, polled, against the cap.
+
+Owns `DiskWatch`. It never kills: it names the hit (`hit`, "resource_limit: ..."), and the process runner
+(proctor.mechanisms.process.local) ends the run.
+
+Disk is watched: the bytes a run adds to its writable roots (its cwd and `TMPDIR`, or `Spawn.disk_roots`) are summed
+periodically from allocated blocks (sparse files count what they occupy; hard links once), plus files its
+processes hold open after unlinking them, and the run is killed past the cap. A watcher rather than a tmpfs:
+the worktree cannot be a tmpfs, and tmpfs pages are RAM (charged to the memory limit), so a 10 GiB TMPDIR
+would be 10 GiB of the host's memory; `io.max` limits bandwidth, not space. Its price is overshoot between
+two polls (at most the write rate times the interval) and a walk of the roots per poll.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from proctor.mechanisms.confine.cgroup import JobGroup
+from proctor.mechanisms.confine.limits import human
+
+DISK_POLL_S = 0.1
+
+
+def _usage(roots: Sequence[Path]) -> int:
+    """Bytes allocated beneath `roots` (st_blocks, no symlink followed, each inode once)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    stack = [str(r) for r in roots]
+    while stack:
+        top = stack.pop()
+        try:
+            it = os.scandir(top)
+        except OSError:
+            continue
+        with it:
+            for e in it:
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                key = (st.st_dev, st.st_ino)
+                if key in seen:
+                    continue
+                seen.add(key)
+                total += st.st_blocks * 512
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+    return total
+
+
+def _unlinked_open(pids: Sequence[int]) -> int:
+    """Bytes held by files the run's processes keep open after unlinking them (invisible to a walk)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                st = os.stat(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if st.st_nlink == 0 and (st.st_dev, st.st_ino) not in seen and (st.st_mode & 0o170000) == 0o100000:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total
+
+
+class DiskWatch:
+    """Polls the bytes a run added to its writable roots; `hit` names the cap once they pass it."""
+
+    def __init__(self, roots: Sequence[Path], cap: int, group: JobGroup | None) -> None:
+        # Nested roots (a TMPDIR inside the cwd) are walked once.
+        rs = sorted({Path(os.path.abspath(r)) for r in roots}, key=lambda p: len(p.parts))
+        self.roots = tuple(r for i, r in enumerate(rs) if not any(o in r.parents for o in rs[:i]))
+        self.cap = cap
+        self.group = group
+        self.baseline = _usage(self.roots)
+        self.hit: str | None = None
+        self.peak = 0
+        self._stop = threading.Event()
+        self._members: Callable[[], list[int]] | None = None
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self, members: Callable[[], list[int]]) -> None:
+        """Start polling; `members` lists the run's live pids, read where there is no job group."""
+        self._members = members
+        self._thread.start()
+
+    def _pids(self) -> list[int]:
+        if self.group is not None:
+            return self.group.pids()
+        return self._members() if self._members is not None else []
+
+    def check(self) -> str | None:
+        added = _usage(self.roots) + _unlinked_open(self._pids()) - self.baseline
+        self.peak = max(self.peak, added)
+        if added >= self.cap and self.hit is None:
+            self.hit = (f"resource_limit: disk limit {human(self.cap)} reached: the job added {human(added)} "
+                        f"({added} bytes) to {', '.join(map(str, self.roots))}")
+        return self.hit
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            try:
+                if self.check():
+                    return
+            except Exception:  # noqa: BLE001 - a failing walk must not end the watch silently
+                pass
+            # Adaptive: a big tree is walked at most ~10% of the time.
+            self._stop.wait(max(DISK_POLL_S, 10 * (time.monotonic() - t0)))
+
+    def final(self) -> str | None:
+        """One last look after the run exited (it may have written its last bytes just before)."""
+        return self.hit or self.check()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)

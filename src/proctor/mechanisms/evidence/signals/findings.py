@@ -1,0 +1,110 @@
+"""The cheat signals of one diff as risks for a person to read: every rule run over the added lines of each
+changed source, one finding per line and kind, at most MAX_RISKS and a tail. A failure to read the diff is
+itself said as a signal, never the job's end.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from proctor.mechanisms.evidence.signals.commits import changed_sources, known_literals
+from proctor.mechanisms.evidence.signals.literals import LiteralSet, copied_literals
+from proctor.mechanisms.evidence.signals.rules import ends_process, reads_caller
+from proctor.mechanisms.evidence.signals.scan import Source, scan
+from proctor.mechanisms.evidence.signals.state import braced_state, python_state
+
+PREFIX = "cheat signal: "
+MAX_RISKS = 20
+CODE_CHARS = 80
+
+
+@dataclass(frozen=True)
+class Finding:
+    path: str
+    line: int
+    what: str
+    code: str
+
+    def risk(self) -> str:
+        return f"{PREFIX}{self.path}:{self.line}: {self.what} ({self.code})"
+
+
+def _excerpt(raw: str) -> str:
+    text = raw.strip().encode("unicode_escape").decode("ascii")
+    return text if len(text) <= CODE_CHARS else text[:CODE_CHARS - 1] + "…"
+
+
+def _parse(text: str) -> ast.AST | None:
+    try:
+        return ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def _rust_test_start(code: list[str]) -> int | None:
+    """The first line of a Rust file's `#[cfg(test)]` module: the lines from there on are tests."""
+    for n, line in enumerate(code, 1):
+        if re.match(r"^\s*#\s*\[\s*cfg\s*\(\s*test\s*\)\s*\]", line):
+            return n
+    return None
+
+
+def _signals(src: Source, tests: LiteralSet, sources: LiteralSet) -> list[tuple[int, str]]:
+    new, old = scan(src.new, src.lang), scan(src.old, src.lang)
+    added = src.added
+    if src.lang == "rust":
+        start = _rust_test_start(new.code)
+        if start is not None:
+            added = frozenset(n for n in added if n < start)
+    tree = _parse(src.new) if src.lang == "python" else None
+    old_tree = _parse(src.old) if src.lang == "python" and src.old else None
+    lines = sorted(added)
+    found = [*reads_caller(src, new, lines), *ends_process(src, new, old, tree, lines)]
+    if src.lang == "python":
+        found += python_state(src, new, old, tree, old_tree, added)
+    else:
+        found += braced_state(src, new, old, added)
+    found += copied_literals(new, old, tests, sources, added)
+    return found
+
+
+def _rust_inline_tests(sources: Sequence[Source], tests: LiteralSet) -> None:
+    """A Rust file's own `#[cfg(test)]` module holds tests too: its literals count as the tests'."""
+    for src in sources:
+        if src.lang == "rust":
+            code = src.new.split("\n")
+            start = _rust_test_start(code)
+            if start is not None:
+                tests.read("\n".join(code[start - 1:]))
+
+
+def diff_signals(git_dir: Path, base: str, commit: str, changed: Sequence[str],
+                 is_test: Callable[[str], bool]) -> list[str]:
+    """Cheat signals in what `commit` adds over `base` to the non-test source files among `changed`, as
+    risks naming file and line: "cheat signal: PATH:LINE: WHAT (CODE)", at most MAX_RISKS and a tail."""
+    try:
+        sources = changed_sources(git_dir, base, commit, changed, is_test)
+        if not sources:
+            return []
+        tests, known = known_literals(git_dir, base, commit, is_test)
+        _rust_inline_tests(sources, tests)
+        findings: list[Finding] = []
+        for src in sources:
+            seen: set[tuple[int, str]] = set()
+            lines = src.new_lines
+            for n, what in sorted(_signals(src, tests, known), key=lambda f: f[0]):
+                kind = what.split(":")[0].split(" through")[0]
+                if (n, kind) in seen:
+                    continue  # one finding per line and kind
+                seen.add((n, kind))
+                findings.append(Finding(src.path, n, what, _excerpt(lines[n - 1] if 0 < n <= len(lines) else "")))
+    except Exception as exc:  # noqa: BLE001 - a signal is a hint: its failure is said, never the job's end
+        return [f"{PREFIX}the diff could not be read for cheat signals: {exc}"]
+    risks = [f.risk() for f in findings[:MAX_RISKS]]
+    if len(findings) > MAX_RISKS:
+        risks.append(f"{PREFIX}(+{len(findings) - MAX_RISKS} more)")
+    return risks

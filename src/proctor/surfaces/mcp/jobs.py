@@ -1,0 +1,180 @@
+"""The jobs this server started: each in a thread of its own running the host's `run_agent`, with its progress.
+
+A job lives as long as the server that started it: when the client goes (stdin closes) or the server is told
+to stop, every running job is cancelled — its tree killed, its `job.end` row written (`CANCELLED`) — before
+the process exits. At most `max_jobs` run at once (TOO_MANY_JOBS past it). It never reads or writes the
+ledger itself (the host does, and the surface writes the rows naming the client).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from proctor.contract import Code as JobCode
+from proctor.contract import RunAgentRequest, RunAgentResult, Status
+from proctor.mechanisms.config.load import load_config
+from proctor.mechanisms.config.model import Config
+from proctor.mechanisms.process.spawn import Watch
+from proctor.mechanisms.terminal import visible
+from proctor.services.job.record import new_job_id
+from proctor.services.job.run_agent import run_agent
+from proctor.surfaces.mcp.results import SHUTTING_DOWN, TOO_MANY_JOBS, Refusal
+
+log = logging.getLogger("proctor.mcp")
+
+DEFAULT_MAX_JOBS = 4  # jobs running at once in one server: a model in a loop cannot start a hundred
+SHUTDOWN_WAIT_S = 30.0  # for the cancelled jobs' trees to die and their end rows to be written
+LINE_CHARS = 200  # of a job's last output line, as progress shows it
+
+
+class JobProgress:
+    """The host's `Progress` for one job run here: its phases, the last output line, whether it ended.
+
+    Written by the job's thread, read by whichever tool call asks. Every phase is kept (a waiting
+    `job_result` notifies each, a short one included); the output line only as it stands when looked at,
+    and `updates` counts every change so a waiter notifies only when there is something new.
+    """
+
+    MAX_PHASES = 100
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._start = time.monotonic()
+        self._phases: list[tuple[str, float]] = []
+        self._phase = "starting"
+        self._last = ""
+        self._updates = 0
+
+    def _elapsed(self) -> float:
+        return round(time.monotonic() - self._start, 1)
+
+    def phase(self, name: str) -> None:
+        with self._lock:
+            self._phase, self._last = name, ""
+            if len(self._phases) < self.MAX_PHASES:
+                self._phases.append((visible(name), self._elapsed()))
+            self._updates += 1
+
+    def _line(self, line: str) -> None:
+        with self._lock:
+            self._last = line[-LINE_CHARS:]
+            self._updates += 1
+
+    def watch(self, inner: Watch | None) -> Watch:
+        def w(stream: str, chunk: bytes) -> str | None:
+            lines = [ln for ln in chunk.decode("utf-8", "replace").splitlines() if ln.strip()]
+            if lines:
+                self._line(lines[-1])
+            return inner(stream, chunk) if inner else None
+
+        return w
+
+    def done(self, result: RunAgentResult) -> None:
+        self.phase(f"{result.status.value} ({result.code.value})")
+
+    def say(self, line: str) -> None:
+        log.info("%s", visible(line))
+        self._line(line)
+
+    def close(self) -> None:
+        pass
+
+    def phases(self, start: int = 0) -> list[tuple[str, float]]:
+        """The phases from the `start`th on: (name, seconds since the job started)."""
+        with self._lock:
+            return self._phases[start:]
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {"phase": visible(self._phase), "lastLine": visible(self._last), "elapsedS": self._elapsed(),
+                    "updates": self._updates}
+
+
+@dataclass
+class LiveJob:
+    job_id: str
+    request: RunAgentRequest
+    progress: JobProgress = field(default_factory=JobProgress)
+    finished: threading.Event = field(default_factory=threading.Event)
+    result: RunAgentResult | None = None
+    cancelled: str | None = None  # why, once the server cancels it
+    thread: threading.Thread | None = None
+
+    def cancel(self) -> str | None:
+        return self.cancelled
+
+    def live(self) -> dict[str, Any]:
+        return {**self.progress.snapshot(), "running": not self.finished.is_set()}
+
+
+class Jobs:
+    """The jobs this server started, each in a thread of its own running the host's `run_agent`."""
+
+    def __init__(self, config_file: str | None = None, max_jobs: int = DEFAULT_MAX_JOBS) -> None:
+        self.config_file = config_file
+        self.max_jobs = max_jobs
+        self._lock = threading.Lock()
+        self._jobs: dict[str, LiveJob] = {}
+        self._closing: str | None = None
+
+    def get(self, job_id: str) -> LiveJob | None:
+        with self._lock:
+            return self._jobs.get(job_id)
+
+    def by_prefix(self, ident: str) -> LiveJob | None:
+        with self._lock:
+            found = [j for i, j in self._jobs.items() if ident and i.startswith(ident)]
+        return found[0] if len(found) == 1 else None
+
+    def config(self) -> Config:
+        return load_config(self.config_file)
+
+    def start(self, request: RunAgentRequest, config: Config, admitted: Callable[[str], None]) -> LiveJob:
+        """Start a job unless the server is closing or full; `admitted(job_id)` runs first (the ledger row:
+        when it raises, nothing starts)."""
+        job = LiveJob(new_job_id(), request)
+        with self._lock:
+            if self._closing:
+                raise Refusal(SHUTTING_DOWN, f"the server is shutting down ({self._closing}): no job starts")
+            busy = sum(1 for j in self._jobs.values() if not j.finished.is_set())
+            if busy >= self.max_jobs:
+                raise Refusal(TOO_MANY_JOBS, f"this server runs {busy} jobs already (its limit is "
+                              f"{self.max_jobs}); wait for one with job_result")
+            admitted(job.job_id)
+            self._jobs[job.job_id] = job
+        job.thread = threading.Thread(target=self._run, args=(job, config), name=f"job-{job.job_id}", daemon=True)
+        job.thread.start()
+        return job
+
+    def _run(self, job: LiveJob, config: Config) -> None:
+        try:
+            job.result = run_agent(job.request, config=config, progress=job.progress, cancel=job.cancel,
+                                   job_id=job.job_id)
+        except BaseException as exc:
+            log.exception("job %s: the host raised", job.job_id)
+            job.result = RunAgentResult(status=Status.failed, summary=f"the host failed: {exc}",
+                                        known_risks=[f"the host failed: {type(exc).__name__}: {exc}"],
+                                        agent=job.request.agent, code=JobCode.HOST_ERROR, job_id=job.job_id)
+        finally:
+            job.finished.set()
+
+    def shutdown(self, reason: str, wait_s: float = SHUTDOWN_WAIT_S) -> list[str]:
+        """Cancel every running job (the host kills its tree and writes its end row) and wait for them;
+        idempotent. Returns the ids of the jobs it cancelled."""
+        with self._lock:
+            self._closing = self._closing or reason
+            jobs = [j for j in self._jobs.values() if not j.finished.is_set()]
+        for job in jobs:
+            job.cancelled = job.cancelled or reason
+        deadline = time.monotonic() + wait_s
+        for job in jobs:
+            if job.thread is not None:
+                job.thread.join(max(0.0, deadline - time.monotonic()))
+            if not job.finished.is_set():
+                log.warning("job %s did not end within %.0f s of its cancel", job.job_id, wait_s)
+        return [j.job_id for j in jobs]
