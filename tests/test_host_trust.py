@@ -72,7 +72,9 @@ def control(repo: Path, tmp_path: Path, script: str) -> Path:
     """The same script in a plain clone, unconfined: the state a naive host would then inspect."""
     clone = tmp_path / "control"
     sh("git", "clone", "-q", "--no-hardlinks", str(repo), str(clone))
-    subprocess.run(["/bin/sh", "-c", script], cwd=clone, check=True, capture_output=True)
+    # The script's scratch files in the test's own dir, not the /tmp every worker shares.
+    subprocess.run(["/bin/sh", "-c", script], cwd=clone, check=True, capture_output=True,
+                   env={**os.environ, "TMPDIR": str(tmp_path)})
     return clone
 
 
@@ -196,7 +198,7 @@ def _rewrite_blob_script(repo: Path, path: str, packed: bool) -> str:
                 f"2>/dev/null; rm -f {repo}/.git/objects/pack/*.idx; echo x > touched.txt; true")
     obj = repo / ".git/objects" / blob[:2] / blob[2:]
     evil = "import calc\\n\\ndef test_add():\\n    assert True\\n"
-    return (f"printf '{evil}' > /tmp/evil.txt; new=$(git hash-object -w /tmp/evil.txt); "
+    return (f"printf '{evil}' > \"${{TMPDIR:-/tmp}}/evil.txt\"; new=$(git hash-object -w \"${{TMPDIR:-/tmp}}/evil.txt\"); "
             f"src=.git/objects/$(echo $new | cut -c1-2)/$(echo $new | cut -c3-); "
             f"chmod u+w {obj} 2>/dev/null; cp $src {obj}; rm -f {repo}/.git/objects/??/* 2>/dev/null; "
             "echo x > touched.txt; true")
@@ -232,7 +234,7 @@ def test_a_forged_object_in_the_agents_own_store_never_reaches_validation(tmp_pa
     blob = sh("git", "rev-parse", "master:test_calc.py", cwd=repo).strip()
     # The agent stores a passing test under the name of the base's failing one, in its own store (first in
     # its lookup order), and leaves the file itself as it was.
-    script = (f"printf 'def test_add():\\n    assert True\\n' > /tmp/p.txt; new=$(git hash-object -w /tmp/p.txt); "
+    script = (f"printf 'def test_add():\\n    assert True\\n' > \"${{TMPDIR:-/tmp}}/p.txt\"; new=$(git hash-object -w \"${{TMPDIR:-/tmp}}/p.txt\"); "
               f"mkdir -p .git/objects/{blob[:2]}; "
               f"cp .git/objects/$(echo $new | cut -c1-2)/$(echo $new | cut -c3-) .git/objects/{blob[:2]}/{blob[2:]}; "
               "echo note > notes.txt")
