@@ -23,6 +23,7 @@ from proctor.mechanisms.process.spawn import Poll, Spawn, Watch
 
 VALIDATE_TIMEOUT_S = 900
 OUTPUT_TAIL_BYTES = 64 * 1024
+PYTEST_NO_TESTS = 5  # pytest's exit code for "no tests collected"
 NPM_PLACEHOLDER = 'echo "Error: no test specified" && exit 1'
 
 
@@ -60,6 +61,11 @@ class Attempt:
         return {"label": self.label, "exit_code": self.exit_code, "timed_out": self.timed_out,
                 "duration_s": round(self.duration_s, 3), "output_tail": self.output, "output_dropped": self.dropped,
                 "tests": self.counts, "evidence_failure": self.failure}
+
+    @property
+    def ran_no_test(self) -> bool:
+        """pytest collected nothing: nothing was checked, which is not the same as a failure."""
+        return self.exit_code == PYTEST_NO_TESTS and self.label.endswith("-m pytest")
 
     @property
     def passed(self) -> bool:

@@ -11,9 +11,6 @@ from proctor.mechanisms.validation import plan as vplan
 from proctor.services.job.context import Job
 from proctor.services.job.record import validation_log
 
-PYTEST_NO_TESTS = 5
-
-
 def run(job: Job, run: vplan.Run, result: RunAgentResult, suffix: str) -> bool:
     """Record one validation run; True when it ended the job's chances (killed or failed)."""
     timeout = job.config.validate_timeout
@@ -35,8 +32,7 @@ def run(job: Job, run: vplan.Run, result: RunAgentResult, suffix: str) -> bool:
         return False
     first = failed[0]
     why = f" ({first.failure})" if first.failure else ""
-    if first.exit_code == PYTEST_NO_TESTS and first.label.endswith("-m pytest"):
-        # pytest's "no tests collected": nothing was checked, which is not the same as a failure.
+    if first.ran_no_test:
         job.risks.append(f"validation ran no test: {first.line(timeout)}{suffix}")
         return False
     if suffix:

@@ -39,8 +39,6 @@ from proctor.services.job import record
 from proctor.mechanisms.git.command import unredirected_env
 from proctor.mechanisms.process.local import LocalRunner, ProcessRunner
 
-PYTEST_NO_TESTS = 5
-
 
 @dataclass
 class Revalidation:
@@ -205,7 +203,7 @@ def _judge(run: validate.Run, out: Revalidation, suffix: str, timeout: float) ->
     failed = [a for a in run.attempts if not a.passed]
     if failed:
         first = failed[0]
-        why = " (no test ran)" if first.exit_code == PYTEST_NO_TESTS and first.label.endswith("-m pytest") else (
+        why = " (no test ran)" if first.ran_no_test else (
             f" ({first.failure})" if first.failure else "")
         out.passed, out.reason = False, f"validation failed{suffix}: {first.line(timeout)}{why}"
         return False
