@@ -55,50 +55,44 @@ def scan(root: Path, *, max_file_bytes: int = MAX_FILE_BYTES, max_entries: int =
         root_fd = beneath.open_root(root)
     except OSError as exc:
         return Failure(f"cannot open the agent's directory {root}: {exc.strerror}")
+    stack = [""]
     try:
-        stack = [""]
-        while stack:
-            rel = stack.pop()
-            listed = _list_dir(root_fd, rel)
-            if listed is None:
+        for rel, children in _listings(root_fd, stack):
+            if children is None:
                 unreadable.append(rel)
                 continue
-            fd, children = listed
-            try:
-                names = {c.name for c in children}
-                if rel and (".git" in names or BARE_REPO <= names):
-                    # A `.git` inside: git would record a gitlink and look into the nested repo for its HEAD.
-                    # A bare repo's layout: a reviewer's git run inside it would read its config (embedded
-                    # bare repos).
-                    nested.append(rel)
+            names = {c.name for c in children}
+            if rel and (".git" in names or BARE_REPO <= names):
+                # A `.git` inside: git would record a gitlink and look into the nested repo for its HEAD.
+                # A bare repo's layout: a reviewer's git run inside it would read its config (embedded
+                # bare repos).
+                nested.append(rel)
+                continue
+            for entry in children:
+                entries += 1
+                if entries > max_entries:
+                    return Failure(f"the agent's worktree holds more than {max_entries} entries")
+                path = f"{rel}/{entry.name}" if rel else entry.name
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    unreadable.append(path)
                     continue
-                for entry in children:
-                    entries += 1
-                    if entries > max_entries:
-                        return Failure(f"the agent's worktree holds more than {max_entries} entries")
-                    path = f"{rel}/{entry.name}" if rel else entry.name
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        unreadable.append(path)
-                        continue
-                    mode = st.st_mode
-                    if stat.S_ISDIR(mode):
-                        seen[path] = st
-                        if rel or entry.name != ".git":  # the agent's own git dir: never read
-                            stack.append(path)
-                    elif stat.S_ISREG(mode):
-                        seen[path] = st
-                        if st.st_size > (MAX_CONTROL_BYTES if entry.name in CONTROL_FILES else max_file_bytes):
-                            oversized.append((path, st.st_size))
-                    elif stat.S_ISLNK(mode):
-                        seen[path] = st
-                    elif not rel and entry.name == ".git":
-                        seen[path] = st  # whatever it is, never read; removed from the tree's checkout
-                    else:
-                        special.append(path)
-            finally:
-                os.close(fd)
+                mode = st.st_mode
+                if stat.S_ISDIR(mode):
+                    seen[path] = st
+                    if rel or entry.name != ".git":  # the agent's own git dir: never read
+                        stack.append(path)
+                elif stat.S_ISREG(mode):
+                    seen[path] = st
+                    if st.st_size > (MAX_CONTROL_BYTES if entry.name in CONTROL_FILES else max_file_bytes):
+                        oversized.append((path, st.st_size))
+                elif stat.S_ISLNK(mode):
+                    seen[path] = st
+                elif not rel and entry.name == ".git":
+                    seen[path] = st  # whatever it is, never read; removed from the tree's checkout
+                else:
+                    special.append(path)
     finally:
         os.close(root_fd)
     return Scan(tuple(sorted(special)), tuple(sorted(nested)), tuple(sorted(oversized)), tuple(sorted(unreadable)),
@@ -113,32 +107,42 @@ def walk(root: Path, walked: frozenset[str] | set[str], broken: set[str],
     it; adds to `broken` the directories that could not be read, to `strays` the entries that could not be
     stat'ed."""
     root_fd = beneath.open_root(root)
+    stack = [""]
     try:
-        stack = [""]
-        while stack:
-            rel = stack.pop()
-            listed = _list_dir(root_fd, rel)
-            if listed is None:
+        for rel, children in _listings(root_fd, stack):
+            if children is None:
                 if not rel:
                     raise OSError(f"cannot read {root}")
                 broken.add(rel)
                 continue
-            fd, children = listed
-            try:
-                for entry in children:
-                    path = f"{rel}/{entry.name}" if rel else entry.name
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        strays.append(path)
-                        continue
-                    if path in walked and stat.S_ISDIR(st.st_mode):
-                        stack.append(path)
-                    yield path, st
-            finally:
-                os.close(fd)
+            for entry in children:
+                path = f"{rel}/{entry.name}" if rel else entry.name
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    strays.append(path)
+                    continue
+                if path in walked and stat.S_ISDIR(st.st_mode):
+                    stack.append(path)
+                yield path, st
     finally:
         os.close(root_fd)
+
+
+def _listings(root_fd: int, stack: list[str]) -> Iterator[tuple[str, list[os.DirEntry] | None]]:
+    """Each directory on `stack` (which the caller adds to as it reads) listed beneath the root, its fd open
+    while the caller lstats its entries; None for one that cannot be opened or read."""
+    while stack:
+        rel = stack.pop()
+        listed = _list_dir(root_fd, rel)
+        if listed is None:
+            yield rel, None
+            continue
+        fd, children = listed
+        try:
+            yield rel, children
+        finally:
+            os.close(fd)
 
 
 def _list_dir(root_fd: int, rel: str) -> tuple[int, list[os.DirEntry]] | None:
