@@ -30,6 +30,14 @@ def proctor_home(tmp_path_factory, monkeypatch) -> Path:
     return home
 
 
+@pytest.fixture
+def fresh_home(tmp_path, monkeypatch) -> Path:
+    """A PROCTOR_HOME of the test's own that proctor has not made yet: no config.toml, the defaults."""
+    h = tmp_path / "proctor-home"
+    monkeypatch.setenv("PROCTOR_HOME", str(h))
+    return h
+
+
 def wait_until(ready, bound_s: float, what: str, step_s: float = 0.02):  # type: ignore[no-untyped-def]
     """Poll `ready()` until it is truthy and return its value; fail after `bound_s`. The bound only keeps a
     broken run from hanging: it is never the property under test (latency is measured in bench/), so it is

@@ -14,10 +14,8 @@ from proctor.mechanisms.policy.breaker import TRANSITION_KIND, Breaker, BreakerS
 
 
 @pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch) -> Path:
-    h = tmp_path / "proctor-home"
-    monkeypatch.setenv("PROCTOR_HOME", str(h))
-    return h
+def home(fresh_home: Path) -> Path:
+    return fresh_home
 
 
 @pytest.fixture

@@ -89,12 +89,10 @@ def git(*args: str, cwd: Path) -> str:
 
 
 @pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def home(fresh_home: Path) -> Path:
     """Every test gets its own PROCTOR_HOME (ledger, allowlist, helper cache)."""
-    h = tmp_path / "proctor-home"
-    h.mkdir()
-    monkeypatch.setenv("PROCTOR_HOME", str(h))
-    return h
+    fresh_home.mkdir()
+    return fresh_home
 
 
 @pytest.fixture

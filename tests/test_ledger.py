@@ -23,10 +23,8 @@ UNGUARD = "DROP TRIGGER rows_no_update; DROP TRIGGER rows_no_delete;"
 
 
 @pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch) -> Path:
-    h = tmp_path / "proctor-home"
-    monkeypatch.setenv("PROCTOR_HOME", str(h))
-    return h
+def home(fresh_home: Path) -> Path:
+    return fresh_home
 
 
 @pytest.fixture

@@ -20,10 +20,8 @@ PROCTOR = Path(sys.executable).with_name("proctor")
 
 
 @pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch) -> Path:
-    h = tmp_path / "proctor-home"
-    monkeypatch.setenv("PROCTOR_HOME", str(h))
-    return h
+def home(fresh_home: Path) -> Path:
+    return fresh_home
 
 
 @pytest.fixture

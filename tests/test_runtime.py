@@ -34,11 +34,9 @@ Script = Callable[[Gate, Usage], Iterator[Any]]
 
 
 @pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch) -> Path:
-    h = tmp_path / "proctor-home"
-    h.mkdir()
-    monkeypatch.setenv("PROCTOR_HOME", str(h))
-    return h
+def home(fresh_home: Path) -> Path:
+    fresh_home.mkdir()
+    return fresh_home
 
 
 @pytest.fixture

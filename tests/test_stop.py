@@ -26,10 +26,8 @@ from proctor.mechanisms.policy.trusted import Ceilings, Policy
 
 
 @pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch) -> Path:
-    h = tmp_path / "proctor-home"
-    monkeypatch.setenv("PROCTOR_HOME", str(h))
-    return h
+def home(fresh_home: Path) -> Path:
+    return fresh_home
 
 
 def test_engage_reason_release(home):

@@ -20,11 +20,9 @@ NO_STOP = lambda: None  # noqa: E731
 
 
 @pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch) -> Path:
-    h = tmp_path / "proctor-home"
-    h.mkdir()
-    monkeypatch.setenv("PROCTOR_HOME", str(h))
-    return h
+def home(fresh_home: Path) -> Path:
+    fresh_home.mkdir()
+    return fresh_home
 
 
 @pytest.fixture
