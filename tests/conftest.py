@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -36,6 +39,30 @@ def fresh_home(tmp_path, monkeypatch) -> Path:
     h = tmp_path / "proctor-home"
     monkeypatch.setenv("PROCTOR_HOME", str(h))
     return h
+
+
+class LoopbackServer:
+    """A TCP server on 127.0.0.1 that hands each connection to `handle` on its accept thread (a handler that
+    blocks starts a thread of its own); `accepted` counts the connections."""
+
+    def __init__(self, handle: Callable[[socket.socket], None]) -> None:
+        self.srv = socket.create_server(("127.0.0.1", 0))
+        self.port = self.srv.getsockname()[1]
+        self.accepted = 0
+        self._handle = handle
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.srv.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            self._handle(conn)
+
+    def close(self) -> None:
+        self.srv.close()
 
 
 def wait_until(ready, bound_s: float, what: str, step_s: float = 0.02):  # type: ignore[no-untyped-def]

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from conftest import LoopbackServer
+
 from proctor.mechanisms.confine.egress import EgressProxy, Limits
 from proctor.mechanisms.confine.endpoints import parse_endpoint
 from proctor.mechanisms.confine.relay import proxy_env
@@ -88,19 +90,10 @@ class Upstream:
     """A loopback TCP server: echoes with a `pong:` prefix, or keeps reading (sink) and counts bytes."""
 
     def __init__(self, sink: bool = False) -> None:
-        self.srv = socket.create_server(("127.0.0.1", 0))
-        self.port = self.srv.getsockname()[1]
         self.received = 0
         self.sink = sink
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.srv.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+        server = LoopbackServer(lambda conn: threading.Thread(target=self._one, args=(conn,), daemon=True).start())
+        self.srv, self.port = server.srv, server.port
 
     def _one(self, conn: socket.socket) -> None:
         with conn:

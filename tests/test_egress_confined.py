@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import wait_until
+from conftest import LoopbackServer, wait_until
 
 from proctor.mechanisms.confine import ConfineRequest, LayeredConfiner, Unavailable, detect
 from proctor.mechanisms.confine.egress import EgressProxy
@@ -103,28 +103,25 @@ class Echo:
     """A TCP server on loopback answering `pong:<bytes>`: the fake model host, or the NATS stand-in."""
 
     def __init__(self) -> None:
-        self.srv = socket.create_server(("127.0.0.1", 0))
-        self.port = self.srv.getsockname()[1]
-        self.hits = 0
-        threading.Thread(target=self._serve, daemon=True).start()
+        self.server = LoopbackServer(self._answer)
+        self.port = self.server.port
 
-    def _serve(self) -> None:
-        while True:
+    @property
+    def hits(self) -> int:
+        return self.server.accepted
+
+    @staticmethod
+    def _answer(conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(3)
             try:
-                conn, _ = self.srv.accept()
+                data = conn.recv(100)
+                conn.sendall(b"pong:" + data)
             except OSError:
-                return
-            self.hits += 1
-            with conn:
-                conn.settimeout(3)
-                try:
-                    data = conn.recv(100)
-                    conn.sendall(b"pong:" + data)
-                except OSError:
-                    pass
+                pass
 
     def close(self) -> None:
-        self.srv.close()
+        self.server.close()
 
 
 @dataclass

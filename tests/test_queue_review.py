@@ -14,7 +14,7 @@ import time
 import psutil
 import pytest
 from click.testing import CliRunner
-from conftest import wait_until
+from conftest import LoopbackServer, wait_until
 
 from proctor.surfaces.cli import main
 from proctor.contract import Code, RunAgentResult, Status, parse_request
@@ -89,21 +89,13 @@ class CountingListener:
     reach its queue."""
 
     def __init__(self) -> None:
-        import socket
+        self.server = LoopbackServer(lambda conn: conn.close())
+        self.srv = self.server.srv
+        self.url = f"nats://127.0.0.1:{self.server.port}"
 
-        self.srv = socket.create_server(("127.0.0.1", 0))
-        self.url = f"nats://127.0.0.1:{self.srv.getsockname()[1]}"
-        self.connections = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.srv.accept()
-            except OSError:
-                return
-            self.connections += 1
-            conn.close()
+    @property
+    def connections(self) -> int:
+        return self.server.accepted
 
 
 def test_corrupt_host_key_is_a_trust_file_error_and_a_clear_exit(proctor_home):
