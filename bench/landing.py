@@ -26,9 +26,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from repos import make_repo  # bench/, the script's own dir, is first on sys.path
 
 HERE = Path(__file__).resolve().parent.parent
-GIT = ["git", "-c", "user.name=b", "-c", "user.email=b@example.invalid"]
 
 JOB = r"""
 import json, sys, time
@@ -59,18 +59,6 @@ for i in range(int(sys.argv[3])):
     assert res.status.value == "completed" and res.changed_files == ["pkg0/mod0.txt"], res
 print(json.dumps(times))
 """
-
-
-def make_repo(root: Path, n_files: int) -> Path:
-    repo = root / f"repo-{n_files}"
-    for i in range(n_files):
-        p = repo / f"pkg{i % 200}" / f"mod{i}.txt"
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(f"file {i}\n" * 5)
-    subprocess.run([*GIT, "init", "-q", "-b", "master", str(repo)], check=True)
-    subprocess.run([*GIT, "add", "-A"], cwd=repo, check=True)
-    subprocess.run([*GIT, "commit", "-qm", "init"], cwd=repo, check=True)
-    return repo
 
 
 def jobs(src: Path, repo: Path, config: Path, runs: int, home: Path) -> list[list[float | None]]:
@@ -114,7 +102,7 @@ def main() -> None:
                               '"printf changed >> pkg0/mod0.txt"]\nprompt = "stdin"\nnetwork = false\n')
             sizes = [int(x) for x in args.sizes.split(",")]
             for n, runs in zip(sizes, [args.runs] + [args.big_runs] * (len(sizes) - 1)):
-                repo = make_repo(root, n)
+                repo = make_repo(root, n, name=f"repo-{n}", dirs=200)
                 now, then, floor = [], [], []
                 for _ in range(2):  # interleaved rounds so drift hits both alike
                     if args.baseline != "none":

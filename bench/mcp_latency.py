@@ -18,11 +18,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from repos import make_repo  # before bench/ leaves sys.path, below
 
 # bench/ is sys.path[0] when run as a script, and bench/queue.py would shadow the standard library's queue
 # that asyncio (under anyio) imports: look past it.
@@ -43,16 +44,6 @@ end = time.monotonic() + 300
 while not os.path.exists({release!r}) and time.monotonic() < end:
     time.sleep(0.02)
 """
-
-
-def make_repo(root: Path) -> Path:
-    repo = root / "repo"
-    repo.mkdir(parents=True)
-    subprocess.run(["git", "init", "-q", "-b", "master", str(repo)], check=True)
-    (repo / "README.md").write_text("hello\n")
-    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
-    subprocess.run(["git", "commit", "-qm", "init"], cwd=repo, check=True)
-    return repo
 
 
 async def timed(call) -> tuple[float, object]:  # type: ignore[no-untyped-def]

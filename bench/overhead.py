@@ -22,20 +22,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from repos import make_repo  # bench/, the script's own dir, is first on sys.path
 
-GIT = ["git", "-c", "user.name=b", "-c", "user.email=b@example.invalid"]
-
-
-def make_repo(root: Path, n_files: int) -> Path:
-    repo = root / "repo"
-    for i in range(n_files):
-        p = repo / f"pkg{i % 40}" / f"mod{i}.txt"
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(f"file {i}\n" * 5)
-    subprocess.run([*GIT, "init", "-q", "-b", "master", str(repo)], check=True)
-    subprocess.run([*GIT, "add", "-A"], cwd=repo, check=True)
-    subprocess.run([*GIT, "commit", "-qm", "init"], cwd=repo, check=True)
-    return repo
 
 
 def floor_once(repo: Path, i: int) -> float:

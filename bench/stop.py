@@ -20,20 +20,11 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from repos import make_repo  # bench/, the script's own dir, is first on sys.path
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@example.invalid",
            "GIT_COMMITTER_NAME": "b", "GIT_COMMITTER_EMAIL": "b@example.invalid"}
 PROCTOR = str(Path(sys.executable).with_name("proctor"))
-
-
-def make_repo(root: Path) -> Path:
-    repo = root / "repo"
-    repo.mkdir(parents=True)
-    subprocess.run(["git", "init", "-q", "-b", "master", str(repo)], check=True)
-    (repo / "README.md").write_text("hello\n")
-    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
-    subprocess.run(["git", "commit", "-qm", "init"], cwd=repo, check=True)
-    return repo
 
 
 def once(root: Path, ignore_term: bool) -> float:
