@@ -42,12 +42,12 @@ def fresh_home(tmp_path, monkeypatch) -> Path:
 
 
 class LoopbackServer:
-    """A TCP server on 127.0.0.1 that hands each connection to `handle` on its accept thread (a handler that
-    blocks starts a thread of its own); `accepted` counts the connections."""
+    """A server that hands each connection to `handle` on its accept thread (a handler that blocks starts a
+    thread of its own); `accepted` counts the connections. TCP on 127.0.0.1, or a listening socket given."""
 
-    def __init__(self, handle: Callable[[socket.socket], None]) -> None:
-        self.srv = socket.create_server(("127.0.0.1", 0))
-        self.port = self.srv.getsockname()[1]
+    def __init__(self, handle: Callable[[socket.socket], None], srv: socket.socket | None = None) -> None:
+        self.srv = srv or socket.create_server(("127.0.0.1", 0))
+        self.port = self.srv.getsockname()[1] if self.srv.family == socket.AF_INET else None
         self.accepted = 0
         self._handle = handle
         threading.Thread(target=self._serve, daemon=True).start()

@@ -12,10 +12,11 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
+
+from conftest import LoopbackServer
 
 from proctor.mechanisms.gatekeeper import hook_client
 from proctor.mechanisms.gatekeeper import hook as gatekeeper
@@ -99,25 +100,20 @@ class OneAnswer:
     """A stand-in gate on a Unix socket: reads each request whole, answers `reply`, closes."""
 
     def __init__(self, path: Path, reply: bytes) -> None:
-        self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.srv.bind(str(path))
-        self.srv.listen(4)
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        srv.bind(str(path))
+        srv.listen(4)
         self.reply = reply
-        threading.Thread(target=self.serve, daemon=True).start()
+        self.server = LoopbackServer(self._answer, srv)
 
-    def serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.srv.accept()
-            except OSError:
-                return
-            with conn:
-                while conn.recv(65536):
-                    pass
-                conn.sendall(self.reply)
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            while conn.recv(65536):
+                pass
+            conn.sendall(self.reply)
 
     def close(self) -> None:
-        self.srv.close()
+        self.server.close()
 
 
 GARBLED = {
