@@ -19,7 +19,7 @@ def run(job: Job, admitted: Admitted, prepared: Prepared, result: RunAgentResult
     try:
         out = run_attempts(spec=job.spec, argv=prepared.confined.argv, stdin=admitted.invocation.stdin,
                            env=prepared.agent_env, cwd=prepared.wt.path, runner=limited, progress=job.progress,
-                           poll=job.poll(), timeout_s=req.timeout_sec, term_grace_s=job.config.term_grace,
+                           poll=job.poll, timeout_s=req.timeout_sec, term_grace_s=job.config.term_grace,
                            name=f"job-{job.job_id}", confined=prepared.confined.confinement != "none",
                            watch=job.gate.watch() if job.gate is not None else None)
     finally:

@@ -64,19 +64,16 @@ class Job:
         """The agent's HOME: in its private tmp, where its copy of the adapter's state dirs goes."""
         return self.agent_tmp / "home"
 
-    def poll(self) -> Callable[[], str | None]:
-        """The stop switch and the caller's cancel, checked by the runner's wait loop (every 0.1 s)."""
-
-        def poll() -> str | None:
-            reason = self.stop.reason()
-            if reason:
-                return f"stopped: {reason}"
-            if self.gate is not None and self.gate.held:
-                return f"approval: {self.gate.held[0]['tool']} is held for a person"
-            reason = self.cancel() if self.cancel is not None else None
-            return f"cancelled: {reason}" if reason else None
-
-        return poll
+    def poll(self) -> str | None:
+        """Why the job's processes must end now, if they must: the stop switch, a call held for a person,
+        the caller's cancel. The runner's wait loop asks (every 0.1 s): pass `job.poll` as its `poll`."""
+        reason = self.stop.reason()
+        if reason:
+            return f"stopped: {reason}"
+        if self.gate is not None and self.gate.held:
+            return f"approval: {self.gate.held[0]['tool']} is held for a person"
+        reason = self.cancel() if self.cancel is not None else None
+        return f"cancelled: {reason}" if reason else None
 
 
 def names(paths: list[str], most: int = 5) -> str:

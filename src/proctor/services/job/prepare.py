@@ -108,7 +108,7 @@ def _probe_version(job: Job, confiner: confine.Confiner, wt: worktree.Worktree, 
         if isinstance(plan, confine.Unavailable):
             return None, b"", b""
         ex = job.runner.run(Spawn(argv=plan.argv, cwd=scratch, env={**env, **plan.env}, deadline_s=VERSION_TIMEOUT_S,
-                                  name=f"version-{job.job_id}", poll=job.poll(), tail_bytes=64_000))
+                                  name=f"version-{job.job_id}", poll=job.poll, tail_bytes=64_000))
         return ex.exit_code, ex.stdout, ex.stderr
 
     return agent_version(job.spec, env, probe, job.state_dirs)
@@ -161,7 +161,7 @@ def _setup(job: Job, wt: worktree.Worktree, runner: ProcessRunner, env: dict[str
             steps.append(vplan.Step(f"setup before the agent: {command}", tuple(wrapped.argv)))
             step_env.update(wrapped.env)  # the proxy's variables, when it has a network
         run = vplan.run(vplan.Plan(tuple(steps)), runner, cwd=wt.path, env=step_env,
-                        timeout_s=job.config.validate_timeout, name=f"setup-{job.job_id}", poll=job.poll(),
+                        timeout_s=job.config.validate_timeout, name=f"setup-{job.job_id}", poll=job.poll,
                         log=validation_log(job.job_id), watch=job.progress.watch(None))
     finally:
         if proxy is not None:

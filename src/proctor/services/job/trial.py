@@ -113,7 +113,7 @@ def _run_in(job: Job, plan: vplan.Plan, jenv: JobEnvironment, readonly: tuple[Pa
             if wrapped is None:
                 return None, b""
             ex = job.runner.run(Spawn(argv=wrapped.steps[0].argv, cwd=job.work, env=run_env, deadline_s=60,
-                                      name=f"probe-{job.job_id}", poll=job.poll(), tail_bytes=64_000))
+                                      name=f"probe-{job.job_id}", poll=job.poll, tail_bytes=64_000))
             return ex.exit_code, ex.stdout
 
         probe_risks, found = probe.check(jenv, run_env, run_probe)
@@ -121,7 +121,7 @@ def _run_in(job: Job, plan: vplan.Plan, jenv: JobEnvironment, readonly: tuple[Pa
         job.ledger.append("job.probe", {"jobId": job.job_id, "found": found, "risks": probe_risks},
                           job_id=job.job_id)
     return vplan.run(confined, job.runner, cwd=job.work, env=run_env, timeout_s=job.config.validate_timeout,
-                     name=f"{trial.name}-{job.job_id}", poll=job.poll(), log=validation_log(job.job_id),
+                     name=f"{trial.name}-{job.job_id}", poll=job.poll, log=validation_log(job.job_id),
                      watch=job.progress.watch(None), checks=checks)
 
 
