@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
 from repos import make_repo  # bench/, the script's own dir, is first on sys.path
 
 HERE = Path(__file__).resolve().parent.parent

@@ -22,8 +22,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from repos import make_repo  # bench/, the script's own dir, is first on sys.path
 
+from repos import make_repo  # bench/, the script's own dir, is first on sys.path
 
 
 def floor_once(repo: Path, i: int) -> float:

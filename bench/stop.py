@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
 from repos import make_repo  # bench/, the script's own dir, is first on sys.path
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@example.invalid",

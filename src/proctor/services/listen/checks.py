@@ -44,7 +44,6 @@ class Refusal(StrEnum):
     DUPLICATE_JOB_ID = "DUPLICATE_JOB_ID"  # the job id belongs to another envelope on this host
 
 
-
 @dataclass(frozen=True)
 class Refused:
     code: Refusal

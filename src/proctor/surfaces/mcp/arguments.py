@@ -40,7 +40,6 @@ def bad_strings(value: Any, where: str = "arguments") -> str | None:
     return None
 
 
-
 class _Args(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
