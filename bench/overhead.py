@@ -47,8 +47,9 @@ def proctor_once(repo: Path, config) -> float:
 
 
 PHASES = (  # (name, the functions whose time is the phase's), in the job's order (services/job/run_agent.py)
-    ("worktree (cut + checkout risks)", ("worktree.create", "worktree.checkout_risks")),
+    ("worktree (cut)", ("worktree.create",)),
     ("  of which git's checkout", ("worktree.checkout",)),
+    ("  beside it: the main checkout's risks", ("worktree.checkout_risks",)),
     ("environment (gate, confinement, probe, repo settings, setup)",
      ("gate.start", "prepare.confine_agent", "prepare._probe_version", "prepare._repo_settings", "prepare._setup")),
     ("agent spawn (run_attempts)", ("agent.run_attempts",)),

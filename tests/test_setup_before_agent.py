@@ -113,3 +113,19 @@ def test_setup_runs_in_the_same_environment_before_the_agent_as_before_validatio
     assert before and before[0]["exit_code"] == 0, res.validation
     assert again and again[0]["exit_code"] == 0, res.validation  # control: before validation it always ran
     assert (Path(res.worktree_path) / "seen.txt").read_text() == "tool-ran\n"
+
+
+@pytest.mark.parametrize("links", [True, False])
+def test_a_hard_link_setup_leaves_in_the_worktree_is_a_risk(tmp_path, links):
+    """The job's checkout has no hard links (the host's fresh checkout); setup is the one writer before the
+    agent, and a file it leaves linked (as a package manager linking from its store does) is writable
+    through the worktree to its other name: a risk naming it. Control: the same setup copying instead."""
+    make = "ln README.md readme.link" if links else "cp README.md readme.link"
+    res = job(tmp_path, f'setup = [{json.dumps(make)}]\n')
+    before = [v for v in res.validation if v["label"].startswith("setup before the agent:")]
+    assert before and before[0]["exit_code"] == 0, res.validation
+    linked = [r for r in res.known_risks if "more than one hard link" in r]
+    if links:
+        assert linked and "README.md" in linked[0] and "readme.link" in linked[0], res.known_risks
+    else:
+        assert not linked, res.known_risks

@@ -9,7 +9,7 @@ The whole API the host uses:
                     network=False)                            # -> ConfineRequest | Unavailable
     with EgressProxy(adapter_egress, socket, on_decision):    # network=True: declared hosts only
         req = replace(req, egress_socket=socket, egress=adapter_egress)
-    if refuse_hard_links(wt.path): refuse to start           # planted hard links beat every layer
+    refuse_hard_links(root)                                  # planted hard links beat every layer
     plan = confiner.wrap(agent_argv, req)                    # -> ConfinePlan | Unavailable
     # spawn plan.argv (shell=False, cwd=wt.path, env={**job_env, **plan.env}) through the process runner,
     # which still joins the job cgroup; record plan.confinement, plan.details and plan.gaps in the result.

@@ -45,8 +45,8 @@ def _gaps(req: ConfineRequest, bwrap: bool, landlock_abi: int, netns: bool, rela
     gaps = [f"reads are allowed everywhere but the hidden paths ({shown or 'none'}): a secret elsewhere (/etc, "
             "another user's world-readable files, credentials kept outside the home or reached through a symlink "
             "left in it) stays readable",
-            "hard links planted by the host in the worktree are writable in every mode: the host must "
-            "refuse to start on one (refuse_hard_links)",
+            "a file with more than one hard link is writable through the worktree in every mode: the job's "
+            "checkout has none, and one the repo's setup leaves is a risk (refuse_hard_links)",
             ]
     proxy = req.network and req.egress_socket is not None
     if not req.network or proxy:

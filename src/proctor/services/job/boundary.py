@@ -65,10 +65,9 @@ def confine_agent(job: Job, confiner: confine.Confiner, wt: worktree.Worktree, a
     what the job needs from it (hide_home). The adapter's credentials move from `env` into the plan's env:
     the agent's process gets them, the version probe, setup and validation (which get `env`) do not."""
     spec = job.spec
-    planted = confine.refuse_hard_links(wt.path)
-    if planted:
-        # A hard link the host left in the worktree is writable under every layer (research/sandbox.md).
-        return confine.Unavailable(f"worktree files with more than one hard link: {', '.join(planted[:5])}")
+    # No hard-link check here: the worktree is the host's fresh checkout (git creates every file new, in a
+    # directory of the host's made 0700 for the job), which has none by construction. The repo's `setup` is
+    # the one writer before the agent: prepare looks after it (`setup_links`).
     user_home = sandbox_home.user_home(unredirected_env())
     if user_home is not None and Path(env.get("HOME", "")) == job.home:
         copied = sandbox_home.copy_state(job.home, user_home, spec)

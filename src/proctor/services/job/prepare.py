@@ -1,11 +1,13 @@
 """Preparation: what stands before the agent starts — the job's worktree cut from the base, the
 validation plan decided on the base's checkout (the agent must not pick its own test), the gate, the
 OS-enforced plan, the CLI's version, the repo's settings and its `setup` run in the worktree. The order is
-the rule: the hard-link check of the confinement plan sees the worktree before setup writes to it."""
+the rule: the plan is made on the host's fresh checkout (no hard links there by construction), and what
+setup then leaves linked is a risk."""
 
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from proctor.contract import Code, RunAgentResult
@@ -43,13 +45,17 @@ def prepare(job: Job, admitted: Admitted, result: RunAgentResult) -> Prepared | 
     """The job prepared, or None with the result's code and a risk saying why nothing launched."""
     req = job.request
     job.progress.phase("creating the worktree")
-    wt = worktree.create(admitted.repo, job.job_id, req.ticket, admitted.base)
-    if isinstance(wt, worktree.Failure):
-        result.code, result.summary = Code(wt.code) if wt.code else Code.WORKTREE_FAILED, wt.reason
-        job.risks.append(wt.reason)
-        return None
+    # The main checkout's state is read while git writes the job's checkout: two git processes that share
+    # nothing, and the checkout is most of a small job's time.
+    with ThreadPoolExecutor(1, thread_name_prefix=f"risks-{job.job_id}") as pool:
+        risks = pool.submit(worktree.checkout_risks, admitted.repo, admitted.base)
+        wt = worktree.create(admitted.repo, job.job_id, req.ticket, admitted.base)
+        if isinstance(wt, worktree.Failure):
+            result.code, result.summary = Code(wt.code) if wt.code else Code.WORKTREE_FAILED, wt.reason
+            job.risks.append(wt.reason)
+            return None
+        job.risks.extend(risks.result())
     result.worktree_path, result.branch = str(wt.path), wt.branch
-    job.risks.extend(worktree.checkout_risks(admitted.repo, admitted.base))
     job.work = wt.path.with_name(f".{wt.path.name}.work")
     # Decided on the fresh checkout of the base, before the agent runs: the agent must not pick its own test.
     plan = vplan.given(req.validate_command) if req.validate_command else vplan.detect(wt.path)
@@ -78,7 +84,21 @@ def prepare(job: Job, admitted: Admitted, result: RunAgentResult) -> Prepared | 
     job.settings = _repo_settings(job, wt)
     if job.settings is not None and job.settings.setup:
         _setup(job, wt, limited, env, result)
+        job.risks.extend(setup_links(wt))
     return Prepared(wt, plan, cplan, agent_env, env, limited)
+
+
+def setup_links(wt: worktree.Worktree) -> list[str]:
+    """Files with more than one hard link that the repo's `setup` left in the worktree (a package manager
+    linking from its store): each is writable through the worktree under every confinement layer, so the
+    agent can change what the link's other name holds for every later job. A risk, not a refusal: the
+    setup is the repo's own, and refusing would refuse those package managers outright."""
+    planted = confine.refuse_hard_links(wt.path)
+    if not planted:
+        return []
+    more = f" and {len(planted) - 5} more" if len(planted) > 5 else ""
+    return [f"setup left {len(planted)} file(s) with more than one hard link in the worktree "
+            f"({', '.join(planted[:5])}{more}): the agent could write through them to their other names"]
 
 
 def _repo_settings(job: Job, wt: worktree.Worktree) -> RepoSettings | None:
