@@ -80,9 +80,10 @@ def unsafe_dirs(job_id: str) -> str | None:
     return f"unsafe directory: {why}" if why else None
 
 
-def _write(job_id: str, name: str, text: str) -> str | None:
-    """`name` in the job's record dir, replaced atomically; never into a dir that fails unsafe_dirs."""
-    unsafe = unsafe_dirs(job_id)
+def _write(job_id: str, name: str, text: str, *, checked: bool = False) -> str | None:
+    """`name` in the job's record dir, replaced atomically; never into a dir that fails unsafe_dirs
+    (`checked`: the caller saw it pass, and a private dir of this user's stays one)."""
+    unsafe = None if checked else unsafe_dirs(job_id)
     if unsafe:
         return f"{name} not written: {unsafe}"
     path = job_dir(job_id) / name
@@ -203,6 +204,7 @@ class LiveProgress:
         self._ended: str | None = None
         self._timer: threading.Timer | None = None
         self._writable = safe_job_id(job_id)
+        self._checked: bool | None = None
 
     def _elapsed(self) -> float:
         return round(time.monotonic() - self._start, 1)
@@ -211,8 +213,10 @@ class LiveProgress:
         """Under the lock: the whole state as one file, replaced atomically (a reader sees old or new)."""
         if not self._writable:
             return
+        if self._checked is None:  # once: every phase and line rewrites the file, and the dir stays private
+            self._checked = unsafe_dirs(self.job_id) is None
         self._written = time.monotonic()
-        _write(self.job_id, "progress.json", json.dumps({
+        _write(self.job_id, "progress.json", checked=self._checked, text=json.dumps({
             "phase": self._phases[-1]["name"] if self._phases else "starting", "phases": self._phases,
             "lastLine": self._last, "elapsedS": self._elapsed(), "ended": self._ended,
             "updated": time.time()}))

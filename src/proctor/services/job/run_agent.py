@@ -162,7 +162,7 @@ def _land_and_validate(job: Job, prepared: prepare.Prepared, result: RunAgentRes
         if landed is not None:
             touched = land.diff_risks(job, landed)
             if result.status is Status.completed:
-                dirty = True
-                validate.validate(job, prepared, landed, touched, result)
+                dirty = True  # until validate says nothing was put in the work directory
+                dirty = validate.validate(job, prepared, landed, touched, result)
     finally:
         land.review_checkout(job, prepared.wt, landed, dirty)

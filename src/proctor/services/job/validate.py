@@ -23,12 +23,13 @@ from proctor.services.job.prepare import Prepared
 
 
 def validate(job: Job, prepared: Prepared, landed: landing.Landing, touched: list[str],
-             result: RunAgentResult) -> None:
+             result: RunAgentResult) -> bool:
     """Validate exactly the tree that would land, with the base's recipe: the work directory made the
     job's commit (ignored files the agent left are gone) with the base's version of every recipe file the
     agent changed (proctor.mechanisms.evidence.recipe) and the held-out tests laid in; with test-defining
     files touched, once more with the base's versions of those too, whose failure is a risk (the task may
-    have been to change a test). Each test step is judged on its runner's evidence, not its exit code alone."""
+    have been to change a test). Each test step is judged on its runner's evidence, not its exit code alone.
+    True once anything was put in, or ran in, the work directory: the review checkout is made again then."""
     wt, plan = prepared.wt, prepared.plan
     if not plan.steps and job.settings is not None and job.settings.validate:
         # The repo's configured `validate` counts where autodetection found nothing (issue 24: it was
@@ -36,7 +37,7 @@ def validate(job: Job, prepared: Prepared, landed: landing.Landing, touched: lis
         plan = vplan.given(job.settings.validate)
     if not plan.steps:
         job.risks.append(plan.skipped_reason or "validation skipped")
-        return
+        return False
     cfg = job.settings
     commands = [c for c in (job.request.validate_command or (cfg.validate if cfg else None), *(cfg.setup if cfg else ()))
                 if c]
@@ -49,25 +50,26 @@ def validate(job: Job, prepared: Prepared, landed: landing.Landing, touched: lis
     if bad:
         result.status, result.code = Status.failed, Code.VALIDATION_FAILED
         job.risks.append(f"validation not run: {bad[0]}")
-        return
+        return False
     job.progress.phase("validating")
     tree = _tree_with_base(job, landed, recipe_changed, "recipe")
     if isinstance(tree, worktree.Failure):
-        return
+        return False
     given = trial.Trial(wt, landed, plan, prepared.env, "validate", tree, hidden)
     run = trial.run(job, given, result)
     if run is None or judge.run(job, run, result, ""):
-        return
+        return True
     if _base_tests_missing(job, given, run, result, touched):
-        return
+        return True
     if touched:
         job.progress.phase("validating with the base's test files")
         tree = _tree_with_base(job, landed, sorted({*touched, *recipe_changed}), "frozen")
         if isinstance(tree, worktree.Failure):
-            return
+            return True
         run = trial.run(job, dataclasses.replace(given, name="frozen", tree=tree), None)
         if run is not None:
             judge.run(job, run, result, " (with the base's test files)")
+    return True
 
 
 def _base_tests_missing(job: Job, given: trial.Trial, run: vplan.Run, result: RunAgentResult,
