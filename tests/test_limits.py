@@ -261,6 +261,28 @@ def test_runner_reads_poll_right_before_the_spawn(tmp_path):
     assert control.ok and control.launched and marker.exists()
 
 
+@pytest.mark.parametrize("use_cgroup", [True, False])
+def test_a_stopped_launch_leaves_no_child_and_a_missing_program_is_a_spawn_error(tmp_path, use_cgroup, request):
+    """With and without the job group (a child that joins it between fork and exec): a stop before the
+    launch leaves no process behind, and exec's own failure comes back as the spawn's error, not as an
+    exit code. Control: a real program runs."""
+    import psutil
+
+    if use_cgroup:
+        request.getfixturevalue("need_cgroup")
+    before = {c.pid for c in psutil.Process().children()}
+    stopped = LocalRunner(use_cgroup=use_cgroup).run(
+        Spawn(argv=[PY, "-c", "pass"], cwd=tmp_path, env=dict(os.environ), deadline_s=5, poll=lambda: "stopped: t"))
+    assert not stopped.launched and stopped.spawn_error is None, stopped
+    assert {c.pid for c in psutil.Process().children()} - before == set()
+    missing = LocalRunner(use_cgroup=use_cgroup).run(
+        Spawn(argv=[str(tmp_path / "no-such-program")], cwd=tmp_path, env=dict(os.environ), deadline_s=5))
+    assert missing.spawn_error and "FileNotFoundError" in missing.spawn_error and missing.pid is None, missing
+    ran = LocalRunner(use_cgroup=use_cgroup).run(
+        Spawn(argv=[PY, "-c", "print('ran')"], cwd=tmp_path, env=dict(os.environ), deadline_s=5))
+    assert ran.ok and ran.stdout.strip() == b"ran", ran
+
+
 # -- config ---------------------------------------------------------------------------------------------
 
 def test_limits_config_defaults_and_sizes(tmp_path):
