@@ -8,7 +8,7 @@ Why a whitelist of config sources and not a list of `-c` overrides (DESIGN.md 9a
 blacklist, and every key it misses is code execution on the host. In review an agent got its clean filter
 run through a `config.worktree` the host's git honoured, and through a nested repo's own config reached
 by submodule descent, past `-c diff.ignoreSubmodules=dirty`. So host-side git reads no system or global
-config (GIT_CONFIG_NOSYSTEM, GIT_CONFIG_GLOBAL=/dev/null, an empty HOME), and after an agent ran the host
+config (GIT_CONFIG_NOSYSTEM, GIT_CONFIG_GLOBAL=/dev/null, a HOME that cannot exist), and after an agent ran the host
 never points git at a git dir the agent could write: it inspects the agent's files through a git dir of
 its own (proctor.mechanisms.git.landing), whose config it wrote. What git then reads from the agent's tree is data to
 it: `.gitattributes` naming a filter with no driver in any config it reads is a no-op, `.gitignore`
@@ -17,12 +17,8 @@ only decides what is left out. The `-c` switches below stay as a second layer.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import functools
 import os
 import subprocess
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,23 +74,11 @@ def nul_terminated(items: Sequence[str]) -> bytes:
     return b"".join(i.encode("utf-8", "surrogateescape") + b"\0" for i in items)
 
 
-@functools.cache
-def _empty_home() -> str:
-    # An empty HOME of this process's own (mkdtemp: never a dir another user made): git finds no
-    # ~/.gitconfig, ~/.config/git/* nor XDG files there.
-    try:
-        home = tempfile.mkdtemp(prefix="proctor-git-home-")
-    except OSError:
-        return "/nonexistent"
-    # Gone when the process ends: every proctor process (and every test) left one in /tmp. git finds a
-    # HOME that is missing as empty as one that is.
-    atexit.register(_remove_home, home)
-    return home
-
-
-def _remove_home(home: str) -> None:
-    with contextlib.suppress(OSError):
-        os.rmdir(home)
+# Host-side git's HOME and XDG_CONFIG_HOME: a path beneath a character device, which nobody (root
+# included) can ever create, so git finds no ~/.gitconfig, ~/.config/git/* nor XDG file there, and
+# reads ENOTDIR as "missing" without a warning. A made empty dir did the same at the cost of a mkdtemp
+# per process, and every proctor process killed before its exit hook left one in /tmp.
+NO_HOME = "/dev/null/proctor-git-home"
 
 
 def git(
@@ -118,7 +102,7 @@ def git(
         cmd += ["--work-tree", str(work_tree)]
     cmd += list(args)
     full_env = unredirected_env()
-    home = _empty_home()
+    home = NO_HOME
     full_env.update({"GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C",
                      "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "HOME": home,
                      "XDG_CONFIG_HOME": home, "GIT_ATTR_NOSYSTEM": "1"})
