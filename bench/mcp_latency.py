@@ -23,14 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from repos import make_repo  # before bench/ leaves sys.path, below
-
-# bench/ is sys.path[0] when run as a script, and bench/queue.py would shadow the standard library's queue
-# that asyncio (under anyio) imports: look past it.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
 import anyio
 from mcp import Client, StdioServerParameters
+from repos import make_repo  # bench/, the script's own dir, is first on sys.path
 
 from proctor.mechanisms.process.local import POLL_S
 

@@ -7,7 +7,7 @@ the listener asks: before it publishes anything a reader may check against the l
 a released job handed back) it awaits `commit()`, so whoever holds the answer can already read its rows.
 
 Why batched: each ledger append is one transaction plus a head-file replace, measured at ~0.65 ms here
-(bench/queue.py profile), two per job; one flush of many rows costs about the same as one append.
+(bench/jobqueue.py profile), two per job; one flush of many rows costs about the same as one append.
 
 `append` is a list append (the listener calls it on its event loop). `commit()` is a group commit: the
 rows of every job that asks in the same moment go in one ledger transaction, written by one worker thread

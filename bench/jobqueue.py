@@ -8,7 +8,7 @@ with its token); `shared` is a second nats-server on another loopback port, reac
 the raw bench's stream all replicated three times. The listener is a real `proctor listen` child process, so
 the figures include its own event loop and SQLite commits.
 
-    .venv/bin/python bench/queue.py [--jobs 1000] [--latency-jobs 200] [--slots 16] [--senders 4]
+    .venv/bin/python bench/jobqueue.py [--jobs 1000] [--latency-jobs 200] [--slots 16] [--senders 4]
                                     [--placements local,shared,cluster]
 
 Prints one JSON document. Targets: p50 <= 2x raw, >= 300 no-op jobs/s. `noop_jobs_per_s` is one sender
