@@ -189,6 +189,35 @@ def test_each_request_on_a_kept_alive_connection_is_decided_on_its_own(sockdir, 
     assert len(server.requests) == 1
 
 
+def test_a_refused_request_s_body_can_still_be_sent_after_the_refusal_is_read(sockdir, server):
+    """The refusal goes out as soon as the head is decided, before the client sends the body. The client
+    reads the refusal to its end (the proxy's side shut) and only then sends the body: the proxy must still
+    be taking it (a lingering close), not have closed with it unread, which failed the client's write with
+    a broken pipe before it could show the reason. Control: the allowed request on the same path."""
+    body = b"x" * (256 << 10)
+    for port, status in ((server.port + 1, b"403"), (server.port, b"200")):
+        with EgressProxy([f"127.0.0.1:{server.port}"], sockdir / "e.sock", lambda d: None) as proxy:
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(30)
+            s.connect(str(proxy.socket_path))
+            s.sendall(f"POST http://127.0.0.1:{port}/echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                      f"Content-Length: {len(body)}\r\n\r\n".encode())
+            if status == b"403":
+                answer = b""
+                while chunk := s.recv(65536):  # to the end: the proxy has finished answering
+                    answer += chunk
+                assert answer.split(b" ")[1] == b"403" and b"proctor egress proxy: " in answer, answer
+                s.sendall(body)  # BrokenPipeError when the proxy closed with the body unread
+            else:
+                s.sendall(body)
+                answer = b""
+                while chunk := s.recv(65536):
+                    answer += chunk
+                assert answer.split(b" ")[1] == b"200", answer[:200]
+            s.close()
+    assert len(server.requests) == 1
+
+
 @pytest.mark.parametrize(("head", "says"), [
     # Both framings: a server and the proxy could disagree on where the body ends (request smuggling).
     (b"POST http://127.0.0.1:{port}/echo HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",

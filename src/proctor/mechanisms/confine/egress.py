@@ -238,6 +238,7 @@ class EgressProxy:
         finally:
             self._active -= 1
             self._tasks.discard(task)
+            await _linger(reader, writer)
             await _close(writer)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -386,6 +387,33 @@ class EgressProxy:
             await cw.drain()
             if not resp.interim:
                 return resp
+
+
+# A lingering close's bounds: what a client still sends after the proxy's last answer is read and dropped
+# for at most this long and this much, then the socket is closed whatever comes.
+LINGER_S = 2.0
+LINGER_BYTES = 1 << 20
+
+
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """The proxy's last answer is often a refusal sent before the client has sent the request's body: a
+    socket closed with that body unread makes the client's next write fail (EPIPE, or a reset over TCP)
+    before it reads the refusal: a client saw a broken pipe instead of the proxy's reason. So, as HTTP servers do: flush, shut our side for writing (the client reads the
+    end), and drop what the client still sends until it closes, within LINGER_S and LINGER_BYTES."""
+    try:
+        await asyncio.wait_for(writer.drain(), LINGER_S)
+        if writer.is_closing() or not writer.can_write_eof():
+            return
+        writer.write_eof()
+        deadline, left = asyncio.get_running_loop().time() + LINGER_S, LINGER_BYTES
+        while left > 0:
+            chunk = await asyncio.wait_for(reader.read(min(left, 65536)),
+                                           deadline - asyncio.get_running_loop().time())
+            if not chunk:
+                return
+            left -= len(chunk)
+    except (OSError, asyncio.TimeoutError, asyncio.CancelledError, RuntimeError, ValueError):
+        return  # cancelled by the proxy's shutdown, or a client gone: closed at once
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:
