@@ -237,9 +237,10 @@ class EgressProxy:
             pass
         finally:
             self._active -= 1
-            self._tasks.discard(task)
+            # Still one of the proxy's tasks while it lingers: shutdown cancels it and waits for its close.
             await _linger(reader, writer)
             await _close(writer)
+            self._tasks.discard(task)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         lim = self.limits
