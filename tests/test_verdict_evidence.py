@@ -204,6 +204,34 @@ def test_planted_bytecode_is_never_read(tmp_path):
     assert res.status is Status.failed and res.code is Code.VALIDATION_FAILED, (res.known_risks, res.tests_attempted)
 
 
+def test_bytecode_picked_from_the_tree_is_what_the_walk_removes(tmp_path):
+    """The job strips the tree's bytecode from the tree's own paths (no walk of 100,000 files): each kind the
+    walk removes goes, and nothing else, from two copies of one checkout."""
+    from proctor.mechanisms.evidence.instrument import strip_bytecode
+    files = ["calc.py", "calc.pyc", "old.pyo", "pkg/__init__.py", "pkg/__pycache__/calc.cpython-311.pyc",
+             "pkg/__pycache__/notes.txt", "deep/a/__pycache__/b/c.py", "__pycache__/top.pyc", "e.pyc.d/f.py",
+             "pyc/keep.txt", "x__pycache__/y.py"]
+    links = {"link.pyc": "calc.py"}
+    copies = []
+    for name in ("walked", "picked"):
+        root = tmp_path / name
+        for f in files:
+            (root / f).parent.mkdir(parents=True, exist_ok=True)
+            (root / f).write_text(f)
+        for link, target in links.items():
+            (root / link).symlink_to(target)
+        copies.append(root)
+    walked = strip_bytecode(copies[0])
+    picked = strip_bytecode(copies[1], [*files, *links])
+
+    def left(root: Path) -> set[str]:
+        return {str(p.relative_to(root)) for p in root.rglob("*") if not p.is_dir() or p.is_symlink()}
+
+    assert left(copies[1]) == left(copies[0]) == {"calc.py", "pkg/__init__.py", "e.pyc.d/f.py", "pyc/keep.txt",
+                                                  "x__pycache__/y.py"}
+    assert picked == walked == 6  # 3 files (a link among them), 3 __pycache__ dirs
+
+
 @needs_confinement
 def test_runner_config_outside_the_old_list_is_the_bases(tmp_path):
     """pytest 9 reads `pytest.toml` before every other config: one pointing `testpaths` at a passing dir."""

@@ -5,7 +5,7 @@
     expects(argv) -> source | None           which runner a step is, when proctor can tell from its argv
     collect(instrument, argv, stdout, stderr) -> Evidence | None   read what the step's runner reported
 
-    strip_bytecode(checkout) -> count        remove every `.pyc`/`.pyo` and `__pycache__` of the tree
+    strip_bytecode(checkout[, tree]) -> count   remove every `.pyc`/`.pyo` and `__pycache__` of the tree
 
 Why env and not argv for pytest: a repo's own command (`make test`, a script, tox) runs pytest somewhere
 below, and PYTEST_ADDOPTS reaches it there too. Why strip bytecode: a planted unchecked-hash `.pyc` in
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,11 +63,18 @@ def instrument(plugin_dir: Path, writable_dir: Path, env: Mapping[str, str]) -> 
 BYTECODE = (".pyc", ".pyo")
 
 
-def strip_bytecode(checkout: Path) -> int:
-    """Remove the tree's bytecode, beneath the checkout and following no link (it is the agent's tree)."""
+def strip_bytecode(checkout: Path, tree: Iterable[str] | None = None) -> int:
+    """Remove the tree's bytecode, beneath the checkout and following no link (it is the agent's tree).
+    `tree`: the paths of every entry of the checkout, when the host just made it exactly a tree and knows
+    them: the bytecode is picked from them, with no walk (100,000 files: 0.11 s less a job)."""
     removed = 0
     root_fd = beneath.open_root(checkout)
     try:
+        if tree is not None:
+            for rel in _bytecode_of(tree):
+                beneath.rmtree(root_fd, rel)
+                removed += 1
+            return removed
         for dirpath, dirnames, filenames in os.walk(checkout, followlinks=False):
             rel = Path(dirpath).relative_to(checkout)
             for name in [d for d in dirnames if d == "__pycache__"]:
@@ -81,6 +88,21 @@ def strip_bytecode(checkout: Path) -> int:
     finally:
         os.close(root_fd)
     return removed
+
+
+def _bytecode_of(paths: Iterable[str]) -> list[str]:
+    """The topmost `__pycache__` above each path that has one, and each other `.pyc`/`.pyo`: what the walk
+    above removes, once each."""
+    out: dict[str, None] = {}
+    for path in paths:
+        if "__pycache__" in path:
+            parts = path.split("/")
+            if "__pycache__" in parts:
+                out["/".join(parts[:parts.index("__pycache__") + 1])] = None
+                continue
+        if path.endswith(BYTECODE):
+            out[path] = None
+    return list(out)
 
 
 def expects(argv: Sequence[str]) -> str | None:

@@ -43,7 +43,7 @@ from pathlib import Path
 from proctor.mechanisms.confine import beneath
 from proctor.mechanisms.git import vouch
 from proctor.mechanisms.git.command import git, nul_terminated
-from proctor.mechanisms.git.materialise import materialise, settle
+from proctor.mechanisms.git.materialise import GIT_MODES, materialise, settle
 from proctor.mechanisms.git.scan import CONTROL_FILES, Scan
 from proctor.mechanisms.git.trees import tree_diff
 from proctor.mechanisms.git.vouch import GITLINK as GITLINK_MODE
@@ -207,10 +207,12 @@ def _build_vouched(agent_dir: Path, git_dir: Path, wt: Worktree, index: Path, fo
             tree_modes.pop(path, None)
     broken = {*found.nested, *(p for p in found.unreadable if p in seen)}
     # Vouched for: unchanged since the host's checkout wrote it (so one link, git's mode, the tree's blob).
-    vouched = set(modes).difference(compared.gone, (p for p, _, _ in compared.changed), excluded)
+    # settle keeps them without a look; it walks the rest of the scan.
+    trusted = {p: st for p, st in compared.vouched.items() if st.st_mode in GIT_MODES and p not in excluded}
+    rest = [(p, st) for p, st in seen.items() if p not in trusted]
     try:
-        known = settle(agent_dir, git_dir, index, landed.tree, tree_modes, seen.items(), broken, rewrite,
-                       [p for p in found.unreadable if p not in seen], trusted=vouched)
+        known = settle(agent_dir, git_dir, index, landed.tree, tree_modes, rest, broken, rewrite,
+                       [p for p in found.unreadable if p not in seen], trusted=trusted)
     except OSError as exc:
         return Failure(f"cannot make {agent_dir} the job's tree: {exc}")
     if isinstance(known, Failure):

@@ -27,6 +27,7 @@ import os
 import secrets
 import stat
 import struct
+import threading
 from dataclasses import dataclass, field
 
 NS = 1_000_000_000
@@ -54,6 +55,16 @@ def stamp(dir_fd: int) -> int:
 
 
 @dataclass(frozen=True)
+class Entries:
+    """A `Recorded` index read: every entry's mode, and for each file or symlink where its entry is and,
+    when it was recorded before the stamp, what the rule compares (None: racy, never vouched for)."""
+
+    modes: dict[str, int]  # path -> git mode of every entry, in git's order
+    files: dict[str, tuple[int, tuple[int, ...] | None]]  # path -> (entry's offset, key), gitlinks aside
+    tree: str | None  # the checkout's tree, from the index's cache of it (None: not cached)
+
+
+@dataclass(frozen=True)
 class Recorded:
     """git's index as the host's checkout wrote it (the stat of each file right after git wrote it), read by
     the host before anything else ran in the checkout, and the stamp taken after it."""
@@ -61,6 +72,16 @@ class Recorded:
     data: bytes = field(repr=False)
     since: int
     hash_len: int = 20  # 32 for a sha256 repository
+    _read: list[Entries | None] = field(default_factory=list, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def entries(self) -> Entries | None:
+        """The index read (once: a caller may have it read in a thread while the agent runs, and the
+        landing then finds it done). None for an index `compare` does not read (nothing vouched for)."""
+        with self._lock:
+            if not self._read:
+                self._read.append(_read(self))
+            return self._read[0]
 
 
 @dataclass(frozen=True)
@@ -71,13 +92,36 @@ class Compared:
     changed: list[tuple[str, int, int]]  # (path, mode, offset of its entry): a file now, not the one recorded
     gone: list[str]  # no file or symlink there now (nothing, or a directory)
     tree: str | None = None  # the checkout's tree, from the index's cache of it (None: not cached)
+    vouched: dict[str, os.stat_result] = field(default_factory=dict)  # path -> its lstat: the one recorded
 
 
 def compare(rec: Recorded, seen: dict[str, os.stat_result]) -> Compared | None:
     """Each entry of an index of version 2 or 3 at stage 0 with no flag set (a fresh checkout's) against
     `seen`: vouched for (the rule above), changed, or gone; gitlinks are neither. None for any other index
     (another version, a conflict, skip-worktree, a truncated file): then nothing is vouched for and the
-    caller reads every file's content. One pass over the index (100,000 entries: one Python loop)."""
+    caller reads every file's content. The index is read once (`Recorded.entries`); this is one loop over
+    its files (100,000: one Python loop)."""
+    read = rec.entries()
+    if read is None:
+        return None
+    modes = read.modes
+    vouched: dict[str, os.stat_result] = {}
+    changed: list[tuple[str, int, int]] = []
+    gone: list[str] = []
+    get, isdir, mode_of = seen.get, stat.S_ISDIR, _MODE_OF.get
+    for path, (off, key) in read.files.items():
+        st = get(path)
+        if st is None or isdir(st.st_mode):
+            gone.append(path)
+        elif key is not None and key == (st.st_ctime_ns, st.st_mtime_ns, st.st_ino & M32, st.st_dev & M32,
+                                         st.st_size & M32, st.st_uid, mode_of(st.st_mode & 0o170100)):
+            vouched[path] = st
+        else:
+            changed.append((path, modes[path], off))
+    return Compared(modes, changed, gone, read.tree, vouched)
+
+
+def _read(rec: Recorded) -> Entries | None:
     data, hl, since = rec.data, rec.hash_len, rec.since
     digest = hashlib.sha256 if hl == 32 else hashlib.sha1
     if len(data) < 12 + hl or data[:4] != b"DIRC" or digest(data[:-hl]).digest() != data[-hl:]:
@@ -88,9 +132,8 @@ def compare(rec: Recorded, seen: dict[str, os.stat_result]) -> Compared | None:
     fixed = 40 + hl + 2
     end = len(data) - hl
     modes: dict[str, int] = {}
-    changed: list[tuple[str, int, int]] = []
-    gone: list[str] = []
-    get, unpack, isdir, mode_of = seen.get, _ENTRY.unpack_from, stat.S_ISDIR, _MODE_OF.get
+    files: dict[str, tuple[int, tuple[int, ...] | None]] = {}
+    unpack = _ENTRY.unpack_from
     off = 12
     try:
         for _ in range(count):
@@ -105,21 +148,15 @@ def compare(rec: Recorded, seen: dict[str, os.stat_result]) -> Compared | None:
             cs, cn, ms, mn, dev, ino, mode, uid, _gid, size = unpack(data, off)
             modes[path] = mode
             if mode != GITLINK:
-                st = get(path)
-                if st is None or isdir(st.st_mode):
-                    gone.append(path)
-                else:
-                    ctime = cs * NS + cn
-                    if not (ctime < since and st.st_ctime_ns == ctime and st.st_mtime_ns == ms * NS + mn
-                            and st.st_ino & M32 == ino and st.st_dev & M32 == dev and st.st_size & M32 == size
-                            and st.st_uid == uid and mode_of(st.st_mode & 0o170100) == mode):
-                        changed.append((path, mode, off))
+                ctime = cs * NS + cn
+                # The key in the order compare builds it from an lstat: (ctime, mtime, ino, dev, size, uid, mode).
+                files[path] = (off, (ctime, ms * NS + mn, ino, dev, size, uid, mode) if ctime < since else None)
             off += (fixed + n + 8) & ~7
             if off > end:
                 return None
     except (IndexError, ValueError):
         return None
-    return Compared(modes, changed, gone, _cached_root(data, off, end, hl, count))
+    return Entries(modes, files, _cached_root(data, off, end, hl, count))
 
 
 def smudged(rec: Recorded, offsets: list[int]) -> bytes:

@@ -7,6 +7,7 @@ setup then leaves linked is a risk."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -55,6 +56,10 @@ def prepare(job: Job, admitted: Admitted, result: RunAgentResult) -> Prepared | 
             job.risks.append(wt.reason)
             return None
         job.risks.extend(risks.result())
+    if wt.recorded is not None:
+        # The checkout's index is read while the job gets ready and the agent runs: landing compares each file
+        # to it (100,000 entries: 0.3 s of the time after the agent, off it now).
+        threading.Thread(target=wt.recorded.entries, name=f"index-{job.job_id}", daemon=True).start()
     result.worktree_path, result.branch = str(wt.path), wt.branch
     job.work = wt.path.with_name(f".{wt.path.name}.work")
     # Decided on the fresh checkout of the base, before the agent runs: the agent must not pick its own test.

@@ -14,6 +14,7 @@ from proctor.mechanisms.evidence import holdout as held
 from proctor.mechanisms.evidence.instrument import instrument, strip_bytecode
 from proctor.mechanisms.git import landing, worktree
 from proctor.mechanisms.git.materialise import materialise
+from proctor.mechanisms.git.vouch import GITLINK as GITLINK_MODE
 from proctor.mechanisms.process.spawn import Spawn
 from proctor.mechanisms.validation import environment
 from proctor.mechanisms.validation import plan as vplan
@@ -56,8 +57,10 @@ def run(job: Job, trial: Trial, result: RunAgentResult | None) -> vplan.Run | No
     if made is not None:
         job.risks.append(f"validation not run: {made.reason}")
         return None
+    known = landed.known  # the work dir is exactly its tree now, when the host knows it (no walk then)
     try:
-        strip_bytecode(job.work)
+        strip_bytecode(job.work, None if known is None or known.lost else
+                       (p for p, m in known.modes.items() if m != GITLINK_MODE))
     except OSError as exc:
         job.risks.append(f"validation not run: the tree's bytecode could not be removed: {exc}")
         return None
