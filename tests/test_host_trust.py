@@ -32,13 +32,12 @@ if not CONFINED and os.environ.get("CI") == "true":
     pytest.fail("CI must have bwrap or Landlock for the host-trust tests", pytrace=False)
 needs_confinement = pytest.mark.skipif(not CONFINED, reason="this kernel gives neither bubblewrap nor Landlock")
 GIT_ID = "git -c user.email=a@b -c user.name=a"
-VENV_BIN = str(Path(sys.executable).parent)
 
 
 @pytest.fixture(autouse=True)
-def venv_python_first(monkeypatch):
-    # Autodetected validation runs `python -m pytest`: the test venv's python, which has pytest.
-    monkeypatch.setenv("PATH", f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}")
+def venv_python_first(monkeypatch, lean_python_bin):
+    # Autodetected validation runs `python -m pytest`: a venv's python that has pytest and nothing more.
+    monkeypatch.setenv("PATH", f"{lean_python_bin}{os.pathsep}{os.environ['PATH']}")
 
 
 def agent(tmp_path: Path, script: str, confine: str = "required") -> object:

@@ -120,12 +120,11 @@ def test_crlf_task_file_reaches_the_agent_byte_for_byte(tmp_path):
     assert (Path(out["worktreePath"]) / "win.txt").read_bytes() == b"one\r\nthree\r\n"
 
 
-def test_pytest_collecting_nothing_is_a_risk_not_a_failure(tmp_path):
+def test_pytest_collecting_nothing_is_a_risk_not_a_failure(tmp_path, monkeypatch, lean_python_bin):
     from conftest import make_repo
 
     repo = make_repo(tmp_path, {"pytest.ini": "[pytest]\n"})
-    env_python = Path(sys.executable).parent
-    os.environ["PATH"] = f"{env_python}{os.pathsep}{os.environ['PATH']}"
+    monkeypatch.setenv("PATH", f"{lean_python_bin}{os.pathsep}{os.environ['PATH']}")
     res = run_agent(req(repo), config=agent(tmp_path, "echo x > notes.txt"))
     assert res.tests_attempted == ["python -m pytest => exit 5"], res.tests_attempted
     assert res.status is Status.completed and any("ran no test" in r for r in res.known_risks)

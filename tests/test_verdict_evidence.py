@@ -32,7 +32,6 @@ CONFINED = CAPS.bwrap is not None or CAPS.landlock
 if not CONFINED and os.environ.get("CI") == "true":
     pytest.fail("CI must have bwrap or Landlock for the verdict tests", pytrace=False)
 needs_confinement = pytest.mark.skipif(not CONFINED, reason="this kernel gives neither bubblewrap nor Landlock")
-VENV_BIN = str(Path(sys.executable).parent)
 
 SPEC = {
     "README.md": "calc.add(a, b) returns the sum of a and b.\n",
@@ -68,8 +67,9 @@ CAUGHT_BY_HOLDOUT = ("call_count_toggle", "hard_code", "lookup_table")
 
 
 @pytest.fixture(autouse=True)
-def venv_python_first(monkeypatch):
-    monkeypatch.setenv("PATH", f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}")
+def venv_python_first(monkeypatch, lean_python_bin):
+    # Autodetected validation runs `python -m pytest`: a venv's python that has pytest and nothing more.
+    monkeypatch.setenv("PATH", f"{lean_python_bin}{os.pathsep}{os.environ['PATH']}")
 
 
 def config(tmp_path: Path, script: str, extra: str = "") -> object:
