@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -130,8 +131,11 @@ def lean_python_bin(tmp_path_factory) -> str:
     for dist in _closure("pytest"):
         for top in {f.parts[0] for f in dist.files or () if not f.parts[0].startswith("..")}:
             src = Path(dist.locate_file(top))
-            if src.exists() and not (site / top).exists():
-                (site / top).symlink_to(src)
+            # Copied, not linked: a confined job is shown this venv, not what a link would point at.
+            if src.is_dir() and not (site / top).exists():
+                shutil.copytree(src, site / top, symlinks=True)
+            elif src.is_file():
+                shutil.copy2(src, site / top)
     return str(venv / "bin")
 
 
