@@ -539,9 +539,9 @@ OFFLINE_DEADLINE_S = 15  # codex's first "Reconnecting" came at under 2 s here; 
 
 def test_host_ends_real_offline_codex_timed_out(tmp_path, monkeypatch):
     """codex retries "Reconnecting... waiting for network" forever: it is the only test that the real CLI's
-    tree dies at the host's deadline and is neither retried nor called a rate limit. Classification of its text never runs for a
-    timed-out job, so test_real_offline_failure_reads_as_failed_never_rate_limited drives `classify` and
-    the reader directly on the captured output as well."""
+    tree dies at the host's deadline and is neither retried nor called a rate limit. Classification of its
+    text never runs for a timed-out job, so test_real_offline_failure_reads_as_failed_never_rate_limited
+    drives `classify` and the reader directly on the captured output as well."""
     installed("codex")
     home = tmp_path / "home"
     home.mkdir()

@@ -24,7 +24,7 @@ from proctor.mechanisms.confine import detect
 from proctor.contract import Code
 from proctor.mechanisms.confine import cgroup
 from proctor.mechanisms.ledger.store import Ledger
-from proctor.services.review import gc
+from proctor.services.review import gc as job_gc
 from proctor.mechanisms.policy.stop import StopSwitch
 from proctor.mechanisms.adapters.testing import Behaviour
 
@@ -251,9 +251,9 @@ def test_a_crashed_host_leaves_an_interrupted_job_not_nothing(repo, fake):
     # What the killed host left in $TMPDIR (its job's two private dirs) is gc's to remove: the host had no
     # chance. Each run of the suite left a pair in /tmp before this.
     crashed = out[0]["jobId"]
-    left = gc.job_tmpdirs(crashed)
+    left = job_gc.job_tmpdirs(crashed)
     assert len(left) == 2, left  # the control: a killed host does leave them
     res = subprocess.run([PROCTOR, "gc", "--older-than", "0", "--json"], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert crashed in [j["jobId"] for j in json.loads(res.stdout)["jobs"]], res.stdout
-    assert gc.job_tmpdirs(crashed) == [] and not any(p.exists() for p in left), left
+    assert job_gc.job_tmpdirs(crashed) == [] and not any(p.exists() for p in left), left
