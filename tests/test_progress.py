@@ -53,3 +53,54 @@ def test_a_refusal_after_the_progress_line_started_is_said_on_the_terminal(repo,
     # repr() already escaped the ESC; `visible` doubles that backslash, as it does any the text holds.
     assert "proctor: refused (UNKNOWN_AGENT): unknown agent 'nope\\\\x1b]0;T\\\\x07' (known: " in shown, shown
     assert "\x1b]0;T" not in shown  # the agent name a user typed is escaped like an agent's output
+
+
+def _progress_file(job_id: str) -> dict:
+    from proctor.services.job.record import job_dir
+
+    return json.loads((job_dir(job_id) / "progress.json").read_text())
+
+
+def test_the_progress_record_defers_a_phase_that_comes_too_soon_and_loses_none():
+    """progress.json (the review page's view of a running job) is written for the first phase at once; the
+    phases right after it are carried by one later write, and the job's end is written at once with all."""
+    import time
+    from types import SimpleNamespace
+
+    from proctor.contract import Code, Status
+    from proctor.services.job.progress import NullProgress
+    from proctor.services.job.record import LiveProgress
+
+    live = LiveProgress("T1-defer", NullProgress())
+    live.phase("checking the request")
+    live.phase("making the worktree")
+    live.phase("running claude (attempt 1)")
+    # At once: the first phase only; the two after it waited (a write each was the job's own cost).
+    assert [p["name"] for p in _progress_file("T1-defer")["phases"]] == ["checking the request"]
+    names: list[str] = []
+    for _ in range(400):  # the deferred write comes, with both phases (not a latency check: 20 s to come)
+        names = [p["name"] for p in _progress_file("T1-defer")["phases"]]
+        if len(names) == 3:
+            break
+        time.sleep(0.05)
+    assert names == ["checking the request", "making the worktree", "running claude (attempt 1)"]
+    assert _progress_file("T1-defer")["ended"] is None
+    live.phase("validating")
+    live.done(SimpleNamespace(status=Status.completed, code=Code.OK))
+    ended = _progress_file("T1-defer")
+    assert ended["ended"] == "completed (OK)" and ended["phases"][-1]["name"] == "validating"
+
+
+def test_the_progress_record_writes_each_phase_at_once_when_they_come_apart():
+    """The control: with no deferral window, every phase is in the file as soon as it is said."""
+    from proctor.services.job.progress import NullProgress
+    from proctor.services.job.record import LiveProgress
+
+    class Eager(LiveProgress):
+        PHASE_EVERY_S = 0.0
+
+    live = Eager("T1-eager", NullProgress())
+    live.phase("checking the request")
+    live.phase("making the worktree")
+    assert [p["name"] for p in _progress_file("T1-eager")["phases"]] == ["checking the request",
+                                                                         "making the worktree"]

@@ -76,10 +76,11 @@ def diff_risks(job: Job, landed: landing.Landing) -> list[str]:
     touched = frozen.test_defining(landed.changed)
     if touched:
         job.risks.append(f"the agent changed files that define the tests: {names(touched)}")
-    listing = git(["ls-tree", "-r", "--name-only", "-z", landed.base_sha, "--", ":(glob)*", ":(glob)*/__init__.*",
-                   ":(glob)src/*", ":(glob)src/*/__init__.*"], git_dir=landed.git_dir)
-    ours = preempt.top_level_modules(p.decode("utf-8", "surrogateescape") for p in listing.out.split(b"\0") if p)
-    job.risks.extend(preempt.preempting(landed.changed, base_modules=ours))
+    if landed.changed:  # the base's own modules matter only to a changed path that could shadow one
+        listing = git(["ls-tree", "-r", "--name-only", "-z", landed.base_sha, "--", ":(glob)*",
+                       ":(glob)*/__init__.*", ":(glob)src/*", ":(glob)src/*/__init__.*"], git_dir=landed.git_dir)
+        ours = preempt.top_level_modules(p.decode("utf-8", "surrogateescape") for p in listing.out.split(b"\0") if p)
+        job.risks.extend(preempt.preempting(landed.changed, base_modules=ours))
     job.risks.extend(signals.diff_signals(landed.git_dir, landed.base_sha, landed.commit, landed.changed,
                                           frozen.is_test_defining))
     # The gate decides calls, not effects: the diff is checked against the declaration too (issue 22).

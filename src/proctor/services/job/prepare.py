@@ -46,16 +46,19 @@ def prepare(job: Job, admitted: Admitted, result: RunAgentResult) -> Prepared | 
     """The job prepared, or None with the result's code and a risk saying why nothing launched."""
     req = job.request
     job.progress.phase("creating the worktree")
-    # The main checkout's state is read while git writes the job's checkout: two git processes that share
-    # nothing, and the checkout is most of a small job's time.
+    # The main checkout's state and the base's settings (from its objects) are read while git writes the
+    # job's checkout: git processes that share nothing, and the checkout is most of a small job's time.
     with ThreadPoolExecutor(1, thread_name_prefix=f"risks-{job.job_id}") as pool:
         risks = pool.submit(worktree.checkout_risks, admitted.repo, admitted.base)
+        settings = pool.submit(environment.settings, job.config.repos, admitted.repo.path,
+                               admitted.repo.common_dir, admitted.base.sha)
         wt = worktree.create(admitted.repo, job.job_id, req.ticket, admitted.base)
         if isinstance(wt, worktree.Failure):
             result.code, result.summary = Code(wt.code) if wt.code else Code.WORKTREE_FAILED, wt.reason
             job.risks.append(wt.reason)
             return None
         job.risks.extend(risks.result())
+        repo_settings = settings.result()
     if wt.recorded is not None:
         # The checkout's index is read while the job gets ready and the agent runs: landing compares each file
         # to it (100,000 entries: 0.3 s of the time after the agent, off it now).
@@ -86,7 +89,7 @@ def prepare(job: Job, admitted: Admitted, result: RunAgentResult) -> Prepared | 
     # The job's limits (memory, pids, CPU weight; disk added to the worktree and the agent's TMPDIR). The
     # stop switch is read once more by the runner, as the last thing before each spawn.
     limited = Limited(job.runner, job.limits, (wt.path, job.agent_tmp))
-    job.settings = _repo_settings(job, wt)
+    job.settings = _repo_settings(job, repo_settings)
     if job.settings is not None and job.settings.setup:
         _setup(job, wt, limited, env, result)
         job.risks.extend(setup_links(wt))
@@ -106,8 +109,7 @@ def setup_links(wt: worktree.Worktree) -> list[str]:
             f"({', '.join(planted[:5])}{more}): the agent could write through them to their other names"]
 
 
-def _repo_settings(job: Job, wt: worktree.Worktree) -> RepoSettings | None:
-    cfg = environment.settings(job.config.repos, wt.repo.path, wt.repo.common_dir, wt.base_sha)
+def _repo_settings(job: Job, cfg: RepoSettings | str) -> RepoSettings | None:
     if isinstance(cfg, str):
         job.risks.append(cfg)
         return None

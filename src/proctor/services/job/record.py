@@ -185,11 +185,15 @@ def load(job_id: str) -> Record:
 class LiveProgress:
     """The host's `Progress` for one job, passed through to `inner` and kept in progress.json.
 
-    A phase is written as it starts; the last output line at most every `LINE_EVERY_S` (an agent that
-    prints a line a millisecond costs one small write a second, not a thousand). Text is escaped
-    (`terminal.visible`) and cut to `LINE_CHARS` before it is stored: the agent shaped it.
+    A phase is written as it starts unless the file was written less than `PHASE_EVERY_S` ago; then it is
+    written when that time is up (a short job's eight phases cost two writes, not eight, on the job's own
+    path: issue 25). The last output line at most every `LINE_EVERY_S` (an agent that prints a line a
+    millisecond costs one small write a second, not a thousand). Nothing is dropped: a deferred write
+    carries every phase so far, and `done` writes at once. Text is escaped (`terminal.visible`) and cut to
+    `LINE_CHARS` before it is stored: the agent shaped it.
     """
 
+    PHASE_EVERY_S = 0.25
     LINE_EVERY_S = 1.0
     LINE_CHARS = 300
     MAX_PHASES = 200
@@ -226,7 +230,7 @@ class LiveProgress:
             if len(self._phases) < self.MAX_PHASES:
                 self._phases.append({"name": visible(name)[:self.LINE_CHARS], "at": self._elapsed()})
             self._last = ""
-            self._write()
+            self._write_within(self.PHASE_EVERY_S)
         self.inner.phase(name)
 
     def watch(self, inner: Watch | None) -> Watch | None:
@@ -237,18 +241,21 @@ class LiveProgress:
             if lines:
                 with self._lock:
                     self._last = visible(lines[-1][-self.LINE_CHARS:])[-self.LINE_CHARS:]
-                    wait = self.LINE_EVERY_S - (time.monotonic() - self._written)
-                    if wait <= 0:
-                        self._write()
-                    elif self._timer is None:
-                        # A line that arrives too soon is written when its second is up, not lost
-                        # because the agent then said nothing more.
-                        self._timer = threading.Timer(wait, self._flush)
-                        self._timer.daemon = True
-                        self._timer.start()
+                    self._write_within(self.LINE_EVERY_S)
             return outer(stream, chunk) if outer else None
 
         return w
+
+    def _write_within(self, every: float) -> None:
+        """Under the lock: write now when the last write is `every` old, else once it is. What arrives too
+        soon is written when its time is up, not lost because nothing more came."""
+        wait = every - (time.monotonic() - self._written)
+        if wait <= 0:
+            self._write()
+        elif self._timer is None:
+            self._timer = threading.Timer(wait, self._flush)
+            self._timer.daemon = True
+            self._timer.start()
 
     def _flush(self) -> None:
         with self._lock:
