@@ -28,11 +28,11 @@ agent-clis:
 
 # The suite spreads over the cores with pytest-xdist (PYTEST_N=auto; PYTEST_N=0 runs it in one process). A
 # whole run from a fresh clone under /tmp, idle: 1,361 tests, 8.4 min in all on 2 cores, CI=true (15 serially).
-# Tests marked `serial` run after the rest, alone.
+# Tests marked `serial` run after the rest, alone. The 25 slowest are listed at the end: where the time goes.
 PYTEST_N ?= auto
 
 test: $(STAMP) system-deps agent-clis
-	$(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_N) --dist loadgroup -m "not serial"
+	$(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_N) --dist loadgroup -m "not serial" --durations=25
 	$(PY) -m pytest -q -p no:cacheprovider -m serial
 
 bench: $(STAMP)
