@@ -47,6 +47,9 @@ from proctor.mechanisms.process.local import LocalRunner
 from proctor.mechanisms.process.spawn import Exit, Spawn
 
 pytestmark = pytest.mark.realcli
+# The tests that read `runs` (one direct run per CLI and prompt, kept for the module) share one worker: spread
+# over two, each worker made every run itself (codex's alone take ~10 s each).
+SHARES_RUNS = pytest.mark.xdist_group("realcli-runs")
 
 CACHE = Path(os.environ.get("PROCTOR_CLI_CACHE") or Path.home() / ".cache" / "proctor" / "agent-clis")
 BIN = CACHE / "bin"
@@ -225,6 +228,7 @@ def test_cached_cli_is_the_measured_version(name):
 
 # -- (a) the real parser accepts our argv ----------------------------------------------------------------
 
+@SHARES_RUNS
 @pytest.mark.parametrize("prompt_key", sorted(PROMPTS))
 @pytest.mark.parametrize("name", CLIS)
 def test_real_cli_accepts_our_argv_and_fails_only_on_auth_or_network(runs, name, prompt_key):
@@ -240,6 +244,7 @@ def test_real_cli_accepts_our_argv_and_fails_only_on_auth_or_network(runs, name,
         assert not ex.timed_out and ex.exit_code in want.exit_codes, (ex.exit_code, run.text[-2000:])
 
 
+@SHARES_RUNS
 def test_claude_got_our_prompt_workspace_and_permission_mode(runs):
     """claude's session transcript records what it parsed: the prompt verbatim, the cwd, the mode."""
     for key, prompt in PROMPTS.items():
@@ -257,6 +262,7 @@ def test_claude_got_our_prompt_workspace_and_permission_mode(runs):
         assert texts == [prompt], (key, texts)
 
 
+@SHARES_RUNS
 def test_codex_got_our_prompt_workspace_and_approval_policy(runs):
     """codex's rollout file records the user message from stdin, the -C workspace and approval `never`."""
     for key, prompt in PROMPTS.items():
@@ -279,6 +285,7 @@ def test_codex_got_our_prompt_workspace_and_approval_policy(runs):
         assert types[:2] == ["thread.started", "turn.started"], types
 
 
+@SHARES_RUNS
 def test_gemini_yolo_survives_the_fresh_worktree(runs):
     """--skip-trust parsed: yolo is announced, never downgraded to default in the untrusted worktree."""
     for key in PROMPTS:
@@ -457,6 +464,7 @@ def read(run: Run):
     return READERS[run.spec.output](ex.stdout.decode("utf-8", "replace"), ex.stderr.decode("utf-8", "replace"))
 
 
+@SHARES_RUNS
 @pytest.mark.parametrize("name", CLIS)
 def test_real_offline_failure_is_neither_completed_nor_rate_limited(runs, name):
     run = runs(name, "plain")
@@ -473,6 +481,7 @@ def test_real_offline_failure_is_neither_completed_nor_rate_limited(runs, name):
 
 
 # gemini's real error: a banner line, then the error object pretty-printed over several lines on stderr.
+@SHARES_RUNS
 @pytest.mark.parametrize("name", ["claude", "codex", "grok", "gemini"])
 def test_reader_claims_failed_on_the_real_offline_output(runs, name):
     reading = read(runs(name, "plain"))
