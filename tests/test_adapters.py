@@ -188,3 +188,36 @@ def test_user_adapter_egress_is_normalised(tmp_path):
     cfg.write_text('[agents.mine]\ncommand = ["x", "{prompt}"]\negress = ["API.Example.com", "127.0.0.1:11434", '
                    '"[::1]:8080"]\n')
     assert load_config(cfg).agents["mine"].egress == ("api.example.com:443", "127.0.0.1:11434", "[::1]:8080")
+
+
+def test_the_version_answer_is_kept_across_hosts_until_the_cli_changes(tmp_path, repo, monkeypatch):
+    """Each `proctor run-agent` is a process of its own: the CLI's `--version` answer is kept in the state dir,
+    keyed on the executable's identity, so the next host does not ask again (a real gemini took 1.7 s to
+    answer); a changed executable is asked again (the control: the probe still runs when it must)."""
+    from proctor.services.job import agent_version
+
+    bin_dir, probes = tmp_path / "bin", tmp_path / "probes"
+    bin_dir.mkdir()
+    exe = bin_dir / "vcli"
+
+    def install(version: str) -> None:
+        exe.write_text(f'#!/bin/sh\n[ "$1" = --version ] && {{ echo x >> {probes}; echo "vcli {version}"; }}\n'
+                       "exit 0\n")
+        exe.chmod(0o755)
+
+    install("1.0")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{Path('/usr/bin')}:{Path('/bin')}")
+    cfg = tmp_path / "vcli.toml"
+    cfg.write_text('confine = "off"\n[agents.vcli]\ncommand = ["vcli"]\nprompt = "stdin"\nnetwork = false\n'
+                   'version_args = ["--version"]\n')
+
+    def job(i: int) -> str | None:
+        agent_version._cache.clear()  # what a new host process starts with
+        req = RunAgentRequest(agent="vcli", task="t", repo=str(repo), ticket=f"V{i}", validateCommand="true")
+        return run_agent(req, config=load_config(cfg)).agent_version
+
+    assert job(1) == "vcli 1.0" and probes.read_text().count("x") == 1
+    assert job(2) == "vcli 1.0" and probes.read_text().count("x") == 1  # kept: not asked again
+    install("2.0")  # an upgrade: another file (its ctime moves even where the size and mtime would not)
+    assert job(3) == "vcli 2.0" and probes.read_text().count("x") == 2
+    assert job(4) == "vcli 2.0" and probes.read_text().count("x") == 2

@@ -114,53 +114,44 @@ class LocalRunner:
         marker_value = f"{spawn.name}:{time.monotonic_ns()}"
         env = dict(spawn.env)
         env["PROCTOR_RUN_MARKER"] = marker_value
-        popen = dict(args=list(spawn.argv), cwd=spawn.cwd, env=env,
-                     stdin=subprocess.PIPE if spawn.stdin is not None else subprocess.DEVNULL,
-                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
         disk: DiskWatch | None = None
-        held: _Held | None = None
-        try:
-            if limits.disk is not None:
-                roots = spawn.disk_roots if spawn.disk_roots is not None else tuple(
-                    Path(p) for p in (spawn.cwd, env.get("TMPDIR")) if p)
-                if group is not None:
-                    held = _Held(popen, group)  # its cgroup join waits out the kernel while du walks
-                disk = DiskWatch(roots, limits.disk, group)
-                enforced += (f"disk {human(limits.disk)} added to {', '.join(map(str, disk.roots))} (watched)",)
-            gaps_t = tuple(gaps)
+        if limits.disk is not None:
+            roots = spawn.disk_roots if spawn.disk_roots is not None else tuple(
+                Path(p) for p in (spawn.cwd, env.get("TMPDIR")) if p)
+            disk = DiskWatch(roots, limits.disk, group)
+            enforced += (f"disk {human(limits.disk)} added to {', '.join(map(str, disk.roots))} (watched)",)
+        gaps_t = tuple(gaps)
 
-            # The last check before the launch: a stop engaged during the setup (worktree, version probe,
-            # confinement, the disk baseline) launches nothing.
-            reason = None
-            if spawn.poll is not None:
-                try:
-                    reason = spawn.poll()
-                except Exception as exc:  # noqa: BLE001 - a poll that fails is a reason not to launch
-                    reason = f"stopped: the stop check failed ({exc})"
-        except BaseException:
-            if held is not None:
-                held.release(go=False)
-            raise
-        if reason:
-            if held is not None:
-                held.release(go=False)
-            if group is not None:
-                group.remove()
-            return Exit(exit_code=None, killed_reason=reason, cleanup=cleanup, launched=False,
-                        duration_s=time.monotonic() - start, limits=enforced, limit_gaps=gaps_t)
+        # The last check before the launch: a stop engaged during the setup (worktree, version probe,
+        # confinement, the disk baseline) launches nothing.
+        if spawn.poll is not None:
+            try:
+                reason = spawn.poll()
+            except Exception as exc:  # noqa: BLE001 - a poll that fails is a reason not to launch
+                reason = f"stopped: the stop check failed ({exc})"
+            if reason:
+                if group is not None:
+                    group.remove()
+                return Exit(exit_code=None, killed_reason=reason, cleanup=cleanup, launched=False,
+                            duration_s=time.monotonic() - start, limits=enforced, limit_gaps=gaps_t)
 
         # Registered under the lock that orphan reaping takes: no window where our own exited child looks
         # like an orphan's zombie to another thread.
         self._own_lock.acquire()
         try:
-            if held is not None:
-                proc = held.release(go=True)
-                if proc is None:  # no error and no process: nothing the spawn could have run
-                    raise subprocess.SubprocessError("the held spawn ended without a process")
-            else:
+            proc = subprocess.Popen(
+                list(spawn.argv),
+                cwd=spawn.cwd,
+                env=env,
+                stdin=subprocess.PIPE if spawn.stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                close_fds=True,
                 # Joining the job group before exec is the one race-free way in pure Python: a child moved
                 # after Popen returns could already have forked. The callback is one os.write.
-                proc = subprocess.Popen(**popen, preexec_fn=group.join_child if group is not None else None)
+                preexec_fn=group.join_child if group is not None else None,
+            )
         except (OSError, subprocess.SubprocessError, ValueError) as exc:  # ValueError: a NUL in argv/env
             self._own_lock.release()
             if group is not None:
@@ -264,8 +255,6 @@ class LocalRunner:
             disk.stop()
         exited.close()
         exit_code = proc.wait()
-        if held is not None:
-            held.end()
         tree.root_reaped = True
         with self._own_lock:
             self._own.discard(proc.pid)
@@ -305,98 +294,11 @@ class LocalRunner:
             except psutil.Error:
                 continue
             with self._own_lock:
-                # A held child's zombie is its own Popen's to reap: orphans wait for the next run's reap.
-                if zombie and c.pid not in self._own and not _Held.pending:
+                if zombie and c.pid not in self._own:
                     try:
                         os.waitpid(c.pid, os.WNOHANG)
                     except ChildProcessError:
                         pass
-
-
-class _Held:
-    """The agent forked and joined to its job group while the disk baseline is walked, held before its exec
-    until `release`. Joining a cgroup takes the kernel's cgroup_threadgroup_rwsem for writing, which waits out
-    an RCU grace period when no other join came just before: 13-18 ms of every job here (hybrid v1/v2; a
-    clone3 into the group would avoid it and Python cannot make one). Held, that wait passes beside `du`.
-
-    The held child runs nothing of the agent's: between fork and exec it only joins the group and reads one
-    byte ("1": exec; anything else, or the host gone: exit through Popen's preexec error). It holds copies of
-    the fds the host had open when it forked until it execs, as any child does until then: another thread's
-    pipe sees its EOF that much later, and nothing here waits on such a pipe before the release, so the wait
-    is bounded by the baseline walk. Orphan reaping waits while one is held (`pending`): a held child that a
-    signal killed must be reaped by its own Popen, never read as an exit of 0."""
-
-    pending: ClassVar[int] = 0
-    _pending_lock: ClassVar[threading.Lock] = threading.Lock()
-
-    def __init__(self, popen: dict, group: JobGroup) -> None:
-        self._r, self._w = os.pipe2(os.O_CLOEXEC)
-        forked_r, self._forked_w = os.pipe2(os.O_CLOEXEC)
-        self._group = group
-        self._proc: subprocess.Popen | None = None
-        self._error: BaseException | None = None
-        with _Held._pending_lock:
-            _Held.pending += 1
-        self._spawned = threading.Event()
-        self._ended = threading.Event()
-        self._thread = threading.Thread(target=self._popen, args=(popen,), daemon=True, name="held-spawn")
-        self._thread.start()
-        # Returns once the child exists: a pipe the caller makes after this (du's) is not the held child's
-        # to keep open, which would leave du's reader waiting on the child and the child on the release.
-        try:
-            os.read(forked_r, 1)  # the child's byte, or the spawning thread's once its Popen ended
-        finally:
-            os.close(forked_r)
-
-    def _popen(self, popen: dict) -> None:
-        try:  # Popen returns once the child has exec'd (or failed to): after `release`
-            self._proc = subprocess.Popen(**popen, preexec_fn=self._in_child)
-        except BaseException as exc:  # noqa: BLE001 - handed to the thread that releases
-            self._error = exc
-        finally:  # a child that failed (or was killed) before its byte must not leave __init__ waiting
-            try:
-                os.write(self._forked_w, b"t")
-            except OSError:
-                pass  # __init__ read the child's byte and closed its end
-            os.close(self._forked_w)
-            self._spawned.set()
-        # This thread is the child's parent to the kernel: a parent-death signal (bwrap --die-with-parent sets
-        # SIGKILL) fires when the thread that forked ends, not the process. So it lives as long as the child.
-        self._ended.wait()
-
-    def _in_child(self) -> None:
-        os.write(self._forked_w, b"f")
-        os.close(self._forked_w)
-        self._group.join_child()
-        os.close(self._w)  # so a host that died is an EOF here, not a child waiting for ever
-        if os.read(self._r, 1) != b"1":
-            raise RuntimeError("not launched")
-
-    def release(self, go: bool) -> subprocess.Popen | None:
-        """Let the child exec (`go`: its Popen, or the error its spawn raised) or end it (None, reaped). A
-        caller that registers the Popen's pid holds the runner's `_own_lock` across this call."""
-        try:
-            os.write(self._w, b"1" if go else b"0")
-        finally:
-            os.close(self._w)
-            self._spawned.wait()
-            os.close(self._r)
-            if not go and self._proc is not None:
-                self._proc.wait()  # killed before it read: reaped here, it never exec'd
-            if not go or self._proc is None:
-                self.end()
-            with _Held._pending_lock:
-                _Held.pending -= 1
-        if not go:
-            return None
-        if self._error is not None:
-            raise self._error
-        return self._proc
-
-    def end(self) -> None:
-        """The child was reaped: its forking thread may end."""
-        self._ended.set()
-        self._thread.join()
 
 
 class _ExitWatch:

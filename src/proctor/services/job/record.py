@@ -207,6 +207,7 @@ class LiveProgress:
         self._written = 0.0
         self._ended: str | None = None
         self._timer: threading.Timer | None = None
+        self._due = 0.0  # when the pending timer writes
         self._writable = safe_job_id(job_id)
         self._checked: bool | None = None
 
@@ -249,17 +250,22 @@ class LiveProgress:
     def _write_within(self, every: float) -> None:
         """Under the lock: write now when the last write is `every` old, else once it is. What arrives too
         soon is written when its time is up, not lost because nothing more came."""
-        wait = every - (time.monotonic() - self._written)
+        now = time.monotonic()
+        wait = every - (now - self._written)
         if wait <= 0:
             self._write()
-        elif self._timer is None:
+        elif self._timer is None or self._due > now + wait:  # a phase does not wait out a line's second
+            if self._timer is not None:
+                self._timer.cancel()
+            self._due = now + wait
             self._timer = threading.Timer(wait, self._flush)
             self._timer.daemon = True
             self._timer.start()
 
     def _flush(self) -> None:
         with self._lock:
-            self._timer = None
+            if threading.current_thread() is self._timer:  # not one cancelled as it fired
+                self._timer = None
             if self._ended is None:
                 self._write()
 
