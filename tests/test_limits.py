@@ -8,6 +8,8 @@ Tests that need the cgroup skip where there is none, and fail instead under CI=t
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -306,3 +308,96 @@ def test_limits_config_defaults_and_sizes(tmp_path):
     raised.write_text('[limits]\nmemory = "16GiB"\npids = 4096\ndisk = "50GiB"\n')
     r = load_config(raised).limits.resolve()
     assert r.memory == 16 << 30 and r.pids == 4096 and r.disk == 50 << 30
+
+
+# -- the held child: forked into its group while the disk baseline is walked, exec'd on release ------------
+
+def _held_children(before: set[int]) -> list[int]:
+    import psutil
+
+    return [c.pid for c in psutil.Process().children() if c.pid not in before]
+
+
+def test_a_held_child_killed_before_its_exec_is_a_kill_never_an_exit_of_0(tmp_path, need_cgroup):
+    """Killed while held (here from the last check before the launch), the agent never ran: the run says
+    signal 9, not the 0 a lost exit status reads as. Control: the same run, not killed, exits 0 and ran."""
+    import psutil
+
+    marker = tmp_path / "ran"
+    argv = [PY, "-c", f"open({str(marker)!r}, 'w').close()"]
+    before = {c.pid for c in psutil.Process().children()}
+    seen: list[int] = []
+
+    def kill_the_held() -> None:
+        seen.extend(_held_children(before))
+        for pid in seen:
+            os.kill(pid, signal.SIGKILL)
+
+    ex = LocalRunner(limits=SMALL).run(Spawn(argv=argv, cwd=tmp_path, env=dict(os.environ), deadline_s=10,
+                                             poll=kill_the_held))
+    assert seen and ex.exit_code == -9 and not ex.ok and not marker.exists(), (seen, ex)
+    control = LocalRunner(limits=SMALL).run(Spawn(argv=argv, cwd=tmp_path, env=dict(os.environ), deadline_s=10,
+                                                  poll=lambda: None))
+    assert control.ok and marker.exists(), control
+
+
+def test_a_held_child_ends_by_a_signal_never_through_the_hosts_handler(tmp_path, need_cgroup):
+    """The held child is a fork of the host: a TERM it gets (a `pkill` or a service stop meant for the host)
+    must end it as a signal, not run the host's Python handler (the MCP server's exits 0). Control: the
+    host's handler does run in the host."""
+    import psutil
+
+    got: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    try:
+        before = {c.pid for c in psutil.Process().children()}
+
+        def term_the_held() -> None:
+            for pid in _held_children(before):
+                got.append(pid)
+                os.kill(pid, signal.SIGTERM)
+
+        ex = LocalRunner(limits=SMALL).run(Spawn(argv=[PY, "-c", "print('ran')"], cwd=tmp_path,
+                                                 env=dict(os.environ), deadline_s=10, poll=term_the_held))
+        assert got and ex.exit_code == -signal.SIGTERM and ex.stdout == b"", (got, ex)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    control = subprocess.run([PY, "-c", "import os, signal, time; signal.signal(signal.SIGTERM, "
+                              "lambda *_: os._exit(0)); os.kill(os.getpid(), signal.SIGTERM); time.sleep(5)"],
+                             timeout=30)
+    assert control.returncode == 0
+
+
+def test_a_held_child_keeps_no_pipe_of_the_hosts_open(tmp_path, need_cgroup):
+    """Held for the whole baseline walk, the child must not keep the fds it inherited: another thread's (or
+    job's) pipe would see its EOF only when the child execs, and two jobs' held children waiting on each
+    other's pipes deadlocked a host. A pipe made before the fork, closed by the host during the hold, reads
+    EOF at once. Control: a plain child holding its copy keeps the reader waiting."""
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    state: dict[str, object] = {}
+
+    def close_and_read() -> None:
+        os.close(w)
+        try:
+            state["read"] = os.read(r, 1)
+        except BlockingIOError:
+            state["read"] = "blocked"
+
+    try:
+        ex = LocalRunner(limits=SMALL).run(Spawn(argv=[PY, "-c", "pass"], cwd=tmp_path, env=dict(os.environ),
+                                                 deadline_s=10, poll=close_and_read))
+        assert ex.ok and state["read"] == b"", (ex, state)
+    finally:
+        os.close(r)
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    holder = subprocess.Popen([PY, "-c", "import time; time.sleep(30)"], pass_fds=(w,))
+    try:
+        os.close(w)
+        with pytest.raises(BlockingIOError):
+            os.read(r, 1)
+    finally:
+        holder.kill()
+        holder.wait()
+        os.close(r)

@@ -253,6 +253,10 @@ class JobGroup:
             os.write(fd, b"0")
         os.write(self._procs_fd, b"0")
 
+    def fds(self) -> list[int]:
+        """The fds `join_child` writes to (a child that closes what it inherited keeps these)."""
+        return [fd for fd in (*self._extra_fds, self._procs_fd) if fd >= 0]
+
     def close_fd(self) -> None:
         if self._procs_fd >= 0:
             os.close(self._procs_fd)

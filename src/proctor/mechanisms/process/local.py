@@ -32,6 +32,7 @@ import psutil
 from proctor.mechanisms.confine.cgroup import JobGroup, group_name
 from proctor.mechanisms.confine.disk import DiskWatch
 from proctor.mechanisms.confine.limits import Limits, human
+from proctor.mechanisms.process.held import Held
 from proctor.mechanisms.process.spawn import TAIL_BYTES, Exit, Spawn
 from proctor.mechanisms.process.tree import ProcessTree, become_subreaper
 
@@ -114,52 +115,81 @@ class LocalRunner:
         marker_value = f"{spawn.name}:{time.monotonic_ns()}"
         env = dict(spawn.env)
         env["PROCTOR_RUN_MARKER"] = marker_value
+        popen = dict(args=list(spawn.argv), cwd=spawn.cwd, env=env,
+                     stdin=subprocess.PIPE if spawn.stdin is not None else subprocess.DEVNULL,
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
         disk: DiskWatch | None = None
+        roots: tuple[Path, ...] = ()
         if limits.disk is not None:
             roots = spawn.disk_roots if spawn.disk_roots is not None else tuple(
                 Path(p) for p in (spawn.cwd, env.get("TMPDIR")) if p)
-            disk = DiskWatch(roots, limits.disk, group)
-            enforced += (f"disk {human(limits.disk)} added to {', '.join(map(str, disk.roots))} (watched)",)
         gaps_t = tuple(gaps)
 
-        # The last check before the launch: a stop engaged during the setup (worktree, version probe,
-        # confinement, the disk baseline) launches nothing.
-        if spawn.poll is not None:
-            try:
-                reason = spawn.poll()
-            except Exception as exc:  # noqa: BLE001 - a poll that fails is a reason not to launch
-                reason = f"stopped: the stop check failed ({exc})"
-            if reason:
-                if group is not None:
-                    group.remove()
-                return Exit(exit_code=None, killed_reason=reason, cleanup=cleanup, launched=False,
-                            duration_s=time.monotonic() - start, limits=enforced, limit_gaps=gaps_t)
-
-        # Registered under the lock that orphan reaping takes: no window where our own exited child looks
-        # like an orphan's zombie to another thread.
-        self._own_lock.acquire()
-        try:
-            proc = subprocess.Popen(
-                list(spawn.argv),
-                cwd=spawn.cwd,
-                env=env,
-                stdin=subprocess.PIPE if spawn.stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                close_fds=True,
-                # Joining the job group before exec is the one race-free way in pure Python: a child moved
-                # after Popen returns could already have forked. The callback is one os.write.
-                preexec_fn=group.join_child if group is not None else None,
-            )
-        except (OSError, subprocess.SubprocessError, ValueError) as exc:  # ValueError: a NUL in argv/env
-            self._own_lock.release()
+        def not_launched(proc: subprocess.Popen | None, **why) -> Exit:
+            if proc is not None:  # a held child told not to exec, or whose exec failed: it has exited
+                proc.wait()
+                for f in (proc.stdin, proc.stdout, proc.stderr):
+                    if f is not None:
+                        f.close()
+                with self._own_lock:
+                    self._own.discard(proc.pid)
             if group is not None:
                 group.remove()
-            return Exit(exit_code=None, spawn_error=f"{type(exc).__name__}: {exc}", cleanup=cleanup,
-                        limits=enforced, limit_gaps=gaps_t)
-        self._own.add(proc.pid)
-        self._own_lock.release()
+            return Exit(exit_code=None, cleanup=cleanup, limits=enforced, limit_gaps=gaps_t, **why)
+
+        # With a disk baseline to walk and a group to join, the child is forked first and held before its
+        # exec (proctor.mechanisms.process.held): the join's wait in the kernel passes beside the walk.
+        held = Held(spawn.argv, env, group) if group is not None and roots and spawn.argv else None
+        proc: subprocess.Popen | None = None
+        if held is not None:
+            # Registered under the lock that orphan reaping takes: no window where our own exited child
+            # looks like an orphan's zombie to another thread.
+            with self._own_lock:
+                try:
+                    proc = subprocess.Popen(**popen, preexec_fn=held.preexec)
+                except (OSError, subprocess.SubprocessError, ValueError) as exc:  # ValueError: a NUL
+                    held.abandon()
+                    return not_launched(None, spawn_error=f"{type(exc).__name__}: {exc}")
+                self._own.add(proc.pid)
+            held.forked()
+        try:
+            if limits.disk is not None:
+                disk = DiskWatch(roots, limits.disk, group)
+                enforced += (f"disk {human(limits.disk)} added to {', '.join(map(str, disk.roots))} (watched)",)
+            # The last check before the launch: a stop engaged during the setup (worktree, version probe,
+            # confinement, the disk baseline) launches nothing.
+            reason = None
+            if spawn.poll is not None:
+                try:
+                    reason = spawn.poll()
+                except Exception as exc:  # noqa: BLE001 - a poll that fails is a reason not to launch
+                    reason = f"stopped: the stop check failed ({exc})"
+        except BaseException:
+            if held is not None:
+                held.release(go=False)
+                not_launched(proc)
+            raise
+        if reason:
+            if held is not None:
+                held.release(go=False)
+            return not_launched(proc, killed_reason=reason, launched=False, duration_s=time.monotonic() - start)
+
+        if held is not None:
+            failed = held.release(go=True)
+            if failed is not None:
+                return not_launched(proc, spawn_error=f"{type(failed).__name__}: {failed}")
+        else:
+            with self._own_lock:
+                try:
+                    proc = subprocess.Popen(
+                        **popen,
+                        # Joining the job group before exec is the one race-free way in pure Python: a child
+                        # moved after Popen returns could already have forked. The callback is one os.write.
+                        preexec_fn=group.join_child if group is not None else None,
+                    )
+                except (OSError, subprocess.SubprocessError, ValueError) as exc:  # ValueError: a NUL in argv/env
+                    return not_launched(None, spawn_error=f"{type(exc).__name__}: {exc}")
+                self._own.add(proc.pid)
         if group is not None:
             group.close_fd()
 
