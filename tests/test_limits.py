@@ -373,11 +373,15 @@ def test_a_held_child_keeps_no_pipe_of_the_hosts_open(tmp_path, need_cgroup):
     job's) pipe would see its EOF only when the child execs, and two jobs' held children waiting on each
     other's pipes deadlocked a host. A pipe made before the fork, closed by the host during the hold, reads
     EOF at once. Control: a plain child holding its copy keeps the reader waiting."""
+    import psutil
+
     r, w = os.pipe()
     os.set_blocking(r, False)
     state: dict[str, object] = {}
+    before = {c.pid for c in psutil.Process().children()}
 
     def close_and_read() -> None:
+        state["held"] = _held_children(before)
         os.close(w)
         try:
             state["read"] = os.read(r, 1)
@@ -387,7 +391,7 @@ def test_a_held_child_keeps_no_pipe_of_the_hosts_open(tmp_path, need_cgroup):
     try:
         ex = LocalRunner(limits=SMALL).run(Spawn(argv=[PY, "-c", "pass"], cwd=tmp_path, env=dict(os.environ),
                                                  deadline_s=10, poll=close_and_read))
-        assert ex.ok and state["read"] == b"", (ex, state)
+        assert ex.ok and state["held"] and state["read"] == b"", (ex, state)
     finally:
         os.close(r)
     r, w = os.pipe()
@@ -401,3 +405,31 @@ def test_a_held_child_keeps_no_pipe_of_the_hosts_open(tmp_path, need_cgroup):
         holder.kill()
         holder.wait()
         os.close(r)
+
+
+def test_a_held_child_that_fails_after_dropping_its_fds_is_a_spawn_error_not_an_exit(tmp_path, need_cgroup):
+    """Past the point where the held child closed Popen's error pipe, a failure (here an exec the OS refuses
+    for an environment name execve will not take) comes back as the spawn's error, never as a launched
+    run that exited 255. Control: the same run with a plain environment runs."""
+    bad = LocalRunner(limits=SMALL).run(Spawn(argv=[PY, "-c", "pass"], cwd=tmp_path,
+                                              env={**os.environ, "": "x"}, deadline_s=10))
+    assert bad.spawn_error and bad.exit_code is None and not bad.ok, bad
+    good = LocalRunner(limits=SMALL).run(Spawn(argv=[PY, "-c", "pass"], cwd=tmp_path, env=dict(os.environ),
+                                               deadline_s=10))
+    assert good.ok and good.spawn_error is None, good
+
+
+def test_a_host_started_with_its_stdio_closed_still_holds_and_runs(tmp_path, need_cgroup):
+    """A host whose fd 0 is closed gets it back from pipe(): the held child's own pipe must not land where
+    Popen puts the child's stdin. Control: the run's output comes back either way."""
+    code = ("import os, sys\n"
+            "from proctor.mechanisms.process.local import LocalRunner\n"
+            "from proctor.mechanisms.process.spawn import Spawn\n"
+            "from proctor.mechanisms.confine.limits import Limits\n"
+            f"ex = LocalRunner(limits=Limits(memory={SMALL.memory}, swap=0, pids=64, disk={SMALL.disk})).run(Spawn("
+            f"argv=[sys.executable, '-c', 'print(42)'], cwd={str(tmp_path)!r}, env=dict(os.environ), deadline_s=10))\n"
+            "print(ex.exit_code, ex.stdout.strip().decode(), ex.spawn_error, file=sys.stderr)\n")
+    for closed in ("0<&-", ""):
+        out = subprocess.run(["/bin/sh", "-c", f'exec "$0" -c "$1" {closed}', PY, code], capture_output=True,
+                             text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        assert out.returncode == 0 and out.stderr.strip().splitlines()[-1] == "0 42 None", (closed, out.stderr)

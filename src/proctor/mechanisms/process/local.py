@@ -139,19 +139,24 @@ class LocalRunner:
 
         # With a disk baseline to walk and a group to join, the child is forked first and held before its
         # exec (proctor.mechanisms.process.held): the join's wait in the kernel passes beside the walk.
-        held = Held(spawn.argv, env, group) if group is not None and roots and spawn.argv else None
+        held: Held | None = None
         proc: subprocess.Popen | None = None
-        if held is not None:
+        if group is not None and roots and spawn.argv:
             # Registered under the lock that orphan reaping takes: no window where our own exited child
-            # looks like an orphan's zombie to another thread.
+            # looks like an orphan's zombie to another thread. Under it too, the held child's pipes exist
+            # only while no other runner's child can be forked with a copy of them.
             with self._own_lock:
+                held = Held(spawn.argv, env, group)
+                held.block_signals()
                 try:
                     proc = subprocess.Popen(**popen, preexec_fn=held.preexec)
                 except (OSError, subprocess.SubprocessError, ValueError) as exc:  # ValueError: a NUL
                     held.abandon()
                     return not_launched(None, spawn_error=f"{type(exc).__name__}: {exc}")
+                finally:
+                    held.unblock_signals()
                 self._own.add(proc.pid)
-            held.forked()
+                held.forked()
         try:
             if limits.disk is not None:
                 disk = DiskWatch(roots, limits.disk, group)
