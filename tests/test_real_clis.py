@@ -47,7 +47,7 @@ from proctor.mechanisms.process.local import LocalRunner
 from proctor.mechanisms.process.spawn import Exit, Spawn
 
 pytestmark = pytest.mark.realcli
-# The tests that read `runs` (one direct run per CLI and prompt, kept for the module) share one worker: spread
+# The tests that read `runs` (one direct run per CLI and prompt, kept for the session) share one worker: spread
 # over two, each worker made every run itself (codex's alone take ~10 s each).
 SHARES_RUNS = pytest.mark.xdist_group("realcli-runs")
 
@@ -186,9 +186,11 @@ def drive(name: str, prompt: str, root: Path, mutate: Callable[[list[str]], list
     return Run(name, spec, prompt, tuple(argv), wt, home, ex)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def runs(tmp_path_factory) -> Callable[[str, str], Run]:
-    """One direct run per (CLI, prompt), shared by the tests that read it."""
+    """One direct run per (CLI, prompt), shared by the tests that read it. Session-wide, with those tests
+    in one xdist group: a module's fixture was made again whenever the worker ran another module's test
+    between two of them."""
     done: dict[tuple[str, str], Run] = {}
 
     def get(name: str, prompt_key: str) -> Run:

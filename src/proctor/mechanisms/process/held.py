@@ -43,6 +43,9 @@ def _above_stdio(fd: int) -> int:
 
 
 class Held:
+    """One held child: built and forked (`preexec` as Popen's preexec_fn) under the runner's lock, `forked`
+    once Popen returned, then `release`d with a go or a no; `abandon` when Popen failed."""
+
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], group: JobGroup) -> None:
         self.argv = list(argv)
         self.env = dict(env)
