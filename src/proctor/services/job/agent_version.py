@@ -16,12 +16,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import stat
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from proctor.home import proctor_home
 from proctor.mechanisms.adapters.spec import AdapterSpec
+from proctor.mechanisms.validation.capped import read_capped
 from proctor.services.job.record import unsafe_home
 
 VERSION_TIMEOUT_S = 15
@@ -86,17 +86,10 @@ def _file() -> Path:
 
 def _read() -> dict[str, object]:
     """The kept answers; {} when the file is missing, not a regular file, too big or not a JSON object."""
+    data = read_capped(_file(), MAX_FILE)
     try:
-        fd = os.open(_file(), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return {}
-    try:
-        with os.fdopen(fd, "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                return {}
-            data = fh.read(MAX_FILE + 1)
-        value = json.loads(data) if len(data) <= MAX_FILE else None
-    except (OSError, ValueError):
+        value = json.loads(data) if data else None
+    except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
 
