@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from proctor.mechanisms.adapters.testing import Behaviour
 
 PROCTOR = str(Path(sys.executable).with_name("proctor"))
@@ -90,6 +92,36 @@ def test_the_progress_record_defers_a_phase_that_comes_too_soon_and_loses_none()
     live.done(SimpleNamespace(status=Status.completed, code=Code.OK))
     ended = _progress_file("T1-defer")
     assert ended["ended"] == "completed (OK)" and ended["phases"][-1]["name"] == "validating"
+
+
+@pytest.mark.parametrize("origin", [0.0, 5.0, 1e6], ids=["clock-at-0", "clock-inside-window", "control-up-long"])
+def test_the_first_phase_is_written_at_once_whatever_the_clock_counts_from(origin):
+    """Issue 37: "never written" was the time 0.0, so under a monotonic clock that started less than the
+    window ago (a machine up 56 minutes, a fresh container or microVM) the first phase was deferred and
+    progress.json did not exist. The same record under a clock at 0, one inside the window and the control
+    (a clock far past it) writes the first phase at once and defers the next, each alike."""
+    from proctor.services.job.progress import NullProgress
+    from proctor.services.job.record import LiveProgress
+
+    class Patient(LiveProgress):
+        PHASE_EVERY_S = 3600.0
+
+    now = [origin]
+    job = f"T1-origin-{int(origin)}"
+    live = Patient(job, NullProgress(), clock=lambda: now[0])
+    live.phase("checking the request")
+    assert [p["name"] for p in _progress_file(job)["phases"]] == ["checking the request"]
+    assert live._timer is None
+    now[0] += 1.0
+    live.phase("making the worktree")  # one second later: inside the hour, so it waits
+    assert [p["name"] for p in _progress_file(job)["phases"]] == ["checking the request"]
+    assert live._timer is not None
+    live._timer.cancel()
+    now[0] += 3600.0
+    live.phase("validating")  # the window is up: written at once, with the one that waited
+    assert [p["name"] for p in _progress_file(job)["phases"]] == [
+        "checking the request", "making the worktree", "validating"]
+    assert _progress_file(job)["elapsedS"] == 3601.0
 
 
 def test_the_progress_records_deferred_write_comes_by_itself():

@@ -191,6 +191,10 @@ class LiveProgress:
     millisecond costs one small write a second, not a thousand). Nothing is dropped: a deferred write
     carries every phase so far, and `done` writes at once. Text is escaped (`terminal.visible`) and cut to
     `LINE_CHARS` before it is stored: the agent shaped it.
+
+    "Never written" is None, not a time: `clock` (monotonic by default) counts from an origin nobody
+    chose (boot on Linux, less inside a time namespace), so a first write held against 0.0 was deferred on
+    a machine up less than `PHASE_EVERY_S` (issue 37: the suite failed on a machine up 56 minutes).
     """
 
     PHASE_EVERY_S = 0.25
@@ -198,13 +202,13 @@ class LiveProgress:
     LINE_CHARS = 300
     MAX_PHASES = 200
 
-    def __init__(self, job_id: str, inner: Any) -> None:
-        self.job_id, self.inner = job_id, inner
-        self._start = time.monotonic()
+    def __init__(self, job_id: str, inner: Any, clock: Callable[[], float] = time.monotonic) -> None:
+        self.job_id, self.inner, self._clock = job_id, inner, clock
+        self._start = clock()
         self._lock = threading.Lock()
         self._phases: list[dict[str, Any]] = []
         self._last = ""
-        self._written = 0.0
+        self._written: float | None = None
         self._ended: str | None = None
         self._timer: threading.Timer | None = None
         self._due = 0.0  # when the pending timer writes
@@ -212,7 +216,7 @@ class LiveProgress:
         self._checked: bool | None = None
 
     def _elapsed(self) -> float:
-        return round(time.monotonic() - self._start, 1)
+        return round(self._clock() - self._start, 1)
 
     def _write(self) -> None:
         """Under the lock: the whole state as one file, replaced atomically (a reader sees old or new)."""
@@ -220,7 +224,7 @@ class LiveProgress:
             return
         if self._checked is None:  # once: every phase and line rewrites the file, and the dir stays private
             self._checked = unsafe_dirs(self.job_id) is None
-        self._written = time.monotonic()
+        self._written = self._clock()
         _write(self.job_id, "progress.json", checked=self._checked, text=json.dumps({
             "phase": self._phases[-1]["name"] if self._phases else "starting", "phases": self._phases,
             "lastLine": self._last, "elapsedS": self._elapsed(), "ended": self._ended,
@@ -250,8 +254,8 @@ class LiveProgress:
     def _write_within(self, every: float) -> None:
         """Under the lock: write now when the last write is `every` old, else once it is. What arrives too
         soon is written when its time is up, not lost because nothing more came."""
-        now = time.monotonic()
-        wait = every - (now - self._written)
+        now = self._clock()
+        wait = 0.0 if self._written is None else every - (now - self._written)
         if wait <= 0:
             self._write()
         elif self._timer is None or self._due > now + wait:  # a phase does not wait out a line's second
