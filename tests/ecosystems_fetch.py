@@ -549,3 +549,67 @@ def node_modules_installed(checkout: Path, env: dict | None = None) -> None:
 
 def describe() -> str:
     return json.dumps({k: p.name for k, p in PROJECTS.items()})
+
+
+# -- issue 38's project shapes: Django, vitest, a pnpm workspace --------------------------------------------
+
+def django_venv(where: Path) -> Path:
+    """A venv at `where` with Django (and no pytest: a Django project's own runner is `manage.py test`),
+    from wheels fetched once into the fixture cache."""
+    with _locked("wheels-django"):
+        d = CACHE / "wheels-django"
+        stamp = d / ".complete"
+        if not stamp.is_file():
+            d.mkdir(exist_ok=True)
+            _run([*PIP, "download", "--only-binary", ":all:", "-d", str(d), "django>=4.2,<6"], "pip download django")
+            stamp.write_text("ok\n")
+    _run([sys.executable, "-m", "venv", "--without-pip", str(where)], f"venv {where}")
+    py = where / "bin" / "python"
+    _run([*PIP, "--python", str(py), "install", "--no-index", "--find-links", str(d), "django"],
+         "pip install django into the fixture venv")
+    return py
+
+
+def npm_devdeps(key: str, package_json: dict) -> Path:
+    """An npm cache holding everything `npm install` needs for `package_json` (fetched once, from the
+    registry): a test then runs `npm install --offline` in its own checkout. `key` names the set."""
+    if not shutil.which("npm"):
+        raise FetchError("npm is not installed")
+    with _locked("npm"):
+        d = CACHE / "npm"
+        d.mkdir(exist_ok=True)
+        npm_cache, stamp = d / "cache", d / f".{key}.deps"
+        want = json.dumps(package_json, sort_keys=True)
+        if not stamp.is_file() or stamp.read_text() != want:
+            scratch = Path(tempfile.mkdtemp(prefix=".npm-", dir=d))
+            try:
+                (scratch / "package.json").write_text(json.dumps(package_json))
+                _run(["npm", "install", "--cache", str(npm_cache), "--no-audit", "--no-fund", "--loglevel=error"],
+                     f"npm install ({key})", cwd=scratch, timeout=600)
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+            stamp.write_text(want)
+        return npm_cache
+
+
+def pnpm_binary() -> str:
+    """pnpm from the npm registry, installed once into the fixture cache (its own prefix)."""
+    with _locked("pnpm"):
+        prefix = CACHE / "pnpm"
+        exe = prefix / "node_modules" / ".bin" / "pnpm"
+        if not exe.exists():
+            prefix.mkdir(exist_ok=True)
+            _run(["npm", "install", "--prefix", str(prefix), "--no-audit", "--no-fund", "--loglevel=error",
+                  "pnpm@9"], "npm install pnpm@9", timeout=600)
+        if not exe.exists():
+            raise FetchError("npm install pnpm@9 left no pnpm")
+        return str(exe)
+
+
+def pnpm_install(checkout: Path) -> None:
+    """`pnpm install` in the workspace (its store in the fixture cache: the registry is asked once)."""
+    exe = pnpm_binary()
+    env = {**os.environ, "npm_config_store_dir": str(CACHE / "pnpm-store"), "CI": "true"}
+    with _locked("pnpm-store"):
+        _run([exe, "install", "--prefer-offline", "--config.confirmModulesPurge=false"],
+             f"pnpm install in {checkout}", cwd=checkout, env=env, timeout=600)

@@ -234,7 +234,8 @@ def test_a_signal_before_the_agent_launched_launches_nothing(repo, tmp_path, pro
 def test_a_signal_during_validation_cancels_it_and_kills_its_tree(repo, fake, tmp_path, proctor_home):
     fake("claude", Behaviour(writes={"a": "1"}))
     shell, child = tmp_path / "validate.pid", tmp_path / "validate-child.pid"
-    validate = f"sleep 300 & echo $! > {child}; echo $$ > {shell}; wait"
+    # The base's own run (before the agent) has no `a`: it ends at once; the job's blocks.
+    validate = f"[ -e a ] || exit 0; sleep 300 & echo $! > {child}; echo $$ > {shell}; wait"
     p = _start("--agent", "claude", "--task", "t", "--repo", str(repo), "--ticket", "T", "--validate-cmd", validate)
     _until(lambda: _pid(shell) and _pid(child), "validation and its child started")
     pids = [_pid(shell), _pid(child)]

@@ -591,6 +591,34 @@ def test_go_vendored_module_with_zero_config(go_module, tmp_path):
     assert main_state(repo) == before
 
 
+def test_go_vendored_module_run_by_a_configured_plain_go_test(go_module, tmp_path):
+    """Issue 38's case: `go test -mod=vendor ./...` configured, plain go test output (not -json), was read as
+    TAP and failed the honest fix. The runner is told from the command (`go test`), and its per-test lines
+    asked for through the environment (GOFLAGS=-v reaches a go test a script runs): the fix completes with no
+    risk, the break fails naming the test."""
+    repo, _ = go_module
+    edit = fx.Edit("clock.go", *GO_BUG)
+    line = f'[repos."{repo}"]\nvalidate = "go test -mod=vendor ./..."\n'
+
+    def configured(where: Path, script: str, branch: str):
+        where.mkdir(parents=True, exist_ok=True)
+        cfg = where / "agent.toml"
+        cfg.write_text(f'confine = "required"\n{line}[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(script)}]\n'
+                       'prompt = "stdin"\nnetwork = false\n')
+        with Ledger(where / "ledger.sqlite3") as ledger:
+            res = run_agent(RunAgentRequest(agent="sh", task="t", repo=str(repo), ticket="T", branch=branch),
+                            config=load_config(cfg), ledger=ledger)
+            return res, {r.kind: r.payload for r in ledger.rows(job_id=res.job_id)}
+
+    res, rows = configured(tmp_path / "fix", edit.fix, "broken")
+    assert_fixed(res, rows)
+    assert res.baseline["steps"][0]["evidence"] == ["go"] and res.baseline["steps"][0]["runners"] == ["go test"]
+    assert res.validation[-1]["compared"]["fixed"] == ["example.com/clock TestThreeSecondsInMillis"]
+    res, rows = configured(tmp_path / "break", edit.breaks, "master")
+    assert_broken(res, rows)
+    assert res.validation[-1]["compared"]["broken"] == ["example.com/clock TestThreeSecondsInMillis"]
+
+
 # -- the environment's rules, on the same shapes without a job -----------------------------------------------
 
 def _node_tree(root: Path, lock: str | None) -> Path:

@@ -52,6 +52,11 @@ def job(repo: Path, tmp_path: Path, script: str, confine: str = "required", **kw
     return run_agent(req, config=agent(tmp_path, script, confine))
 
 
+# PY_REPO's test fails on the base: the task is to fix it (SWE-bench's FAIL_TO_PASS). Without naming it, a
+# job that leaves it failing is pre-existing, not the job's failure (README "What the verdict rests on").
+MUST = {"mustPass": ["test_calc.py::test_add"]}
+
+
 def main_state(repo: Path) -> tuple:
     """Refs, every object file's bytes and the checkout's status: what must not change through a job."""
     objects = {}
@@ -216,7 +221,7 @@ def test_agent_cannot_rewrite_or_delete_the_main_repos_objects(tmp_path, packed)
         sh("git", "gc", "-q", "--aggressive", cwd=repo)
     script = _rewrite_blob_script(repo, "test_calc.py", packed)
     before = main_state(repo)
-    res = job(repo, tmp_path, script)
+    res = job(repo, tmp_path, script, **MUST)
     assert_main_unchanged(repo, before)
     # The base's failing test still fails: nothing the agent did reached what validation checked out.
     assert res.status is Status.failed and res.code is Code.VALIDATION_FAILED, res
@@ -242,7 +247,7 @@ def test_a_forged_object_in_the_agents_own_store_never_reaches_validation(tmp_pa
     sh("git", "checkout", "--", "test_calc.py", cwd=clone)
     assert "assert True" in (clone / "test_calc.py").read_text(), "control: a checkout from the agent's store is forged"
 
-    res = job(repo, tmp_path, script)
+    res = job(repo, tmp_path, script, **MUST)
     assert res.status is Status.failed and res.code is Code.VALIDATION_FAILED, res
     assert "assert calc.add" in (Path(res.worktree_path) / "test_calc.py").read_text()
 
@@ -292,7 +297,7 @@ def test_ignored_shadow_of_the_test_runner_never_reaches_validation(tmp_path):
     shadowed = subprocess.run([sys.executable, "-m", "pytest", "-q"], cwd=clone, capture_output=True)
     assert shadowed.returncode == 0, "control: the hidden package replaces the runner in the agent's directory"
 
-    res = job(repo, tmp_path, script)
+    res = job(repo, tmp_path, script, **MUST)
     assert res.changed_files == ["README.md"], res.changed_files
     assert res.status is Status.failed and res.code is Code.VALIDATION_FAILED, res
 
@@ -308,7 +313,7 @@ def test_changed_test_definitions_are_a_risk_and_the_base_tests_still_run(tmp_pa
     files = {**PY_REPO, "Makefile": f"test:\n\t{sys.executable} -m pytest -q\n"}
     repo = make_repo(tmp_path, files)
     script = f"printf %s {shlex.quote(content)} > {name}"
-    res = job(repo, tmp_path, script, validateCommand="make test")
+    res = job(repo, tmp_path, script, validateCommand="make test", **MUST)
     assert name in res.changed_files
     assert any("define the tests" in r and name in r for r in res.known_risks), res.known_risks
     # The base's test files against the agent's code: the unfixed bug fails there; or the first run

@@ -113,7 +113,9 @@ def test_land_merge_revalidates_the_merged_tree_and_leaves_another_checkout_alon
     assert rv["ran"] and rv["passed"] and rv["tests_attempted"][0].endswith("=> exit 0")
     # The second run was on the merged tree, in the scratch checkout beside the job's, not in the job's.
     runs = log.read_text().splitlines()
-    assert len(runs) == 2 and f".{res['jobId']}.land/tree" in runs[1] and "other.txt" in runs[1]
+    # The base's run (before the agent), the job's, then the land's on the merged tree.
+    assert len(runs) == 3 and f".{res['jobId']}.land/tree" in runs[2] and "other.txt" in runs[2], runs
+    assert "b.txt" not in runs[0] and "b.txt" in runs[1], runs
     assert not (Path(res["worktreePath"]).parent / f".{res['jobId']}.land").exists()
     # The checkout is on another branch: untouched.
     assert sh("git", "branch", "--show-current", cwd=repo).strip() == "side"

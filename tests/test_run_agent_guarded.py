@@ -85,7 +85,9 @@ def test_validation_runs_confined_too(tmp_path, repo):
     outside = repo / "from-validation.txt"
     cfg = shell_agent(tmp_path, "echo x > a.txt", "auto")
     res = run_agent(req(repo, validateCommand=f"echo v > {outside}"), config=cfg)
-    assert not outside.exists() and res.status is Status.failed and res.code is Code.VALIDATION_FAILED
+    # The base's own run of it, confined as validation is, could not write there: refused before the agent.
+    assert not outside.exists() and res.status is Status.failed and res.code is Code.BASELINE_FAILED, res
+    assert "cannot" in res.summary and "validation cannot" in res.summary, res.summary
     control = run_agent(req(repo, validateCommand=f"echo v > {outside}"), config=shell_agent(tmp_path, "echo x > a.txt", "off"))
     assert control.status is Status.completed and outside.read_text() == "v\n"
 

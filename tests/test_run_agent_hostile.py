@@ -49,7 +49,8 @@ def test_agent_cannot_choose_its_own_validation(tmp_path):
     from conftest import make_repo
 
     repo = make_repo(tmp_path, {"pyproject.toml": "", "test_x.py": "def test_x():\n    assert False\n"})
-    res = run_agent(req(repo), config=agent(tmp_path, "printf 'test:\\n\\ttrue\\n' > Makefile"))
+    res = run_agent(req(repo, mustPass=["test_x.py::test_x"]),
+                    config=agent(tmp_path, "printf 'test:\\n\\ttrue\\n' > Makefile"))
     assert res.tests_attempted and "pytest" in res.tests_attempted[0], res.tests_attempted
     assert res.status is Status.failed and res.code is Code.VALIDATION_FAILED
     assert any("define the tests" in r for r in res.known_risks)
@@ -126,7 +127,7 @@ def test_pytest_collecting_nothing_is_a_risk_not_a_failure(tmp_path, monkeypatch
     repo = make_repo(tmp_path, {"pytest.ini": "[pytest]\n"})
     monkeypatch.setenv("PATH", f"{lean_python_bin}{os.pathsep}{os.environ['PATH']}")
     res = run_agent(req(repo), config=agent(tmp_path, "echo x > notes.txt"))
-    assert res.tests_attempted == ["python -m pytest => exit 5"], res.tests_attempted
+    assert res.tests_attempted == ["python -m pytest => exit 5, as on the base"], res.tests_attempted
     assert res.status is Status.completed and any("ran no test" in r for r in res.known_risks)
     assert res.needs_human_review
 

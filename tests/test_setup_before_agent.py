@@ -15,7 +15,7 @@ from conftest import make_repo
 
 from proctor.mechanisms.config.load import load_config
 from proctor.mechanisms.confine import detect
-from proctor.contract import RunAgentRequest, Status
+from proctor.contract import Code, RunAgentRequest, Status
 from proctor.services.job.run_agent import run_agent
 from proctor.mechanisms.ledger.store import Ledger
 
@@ -57,28 +57,45 @@ def job(tmp_path: Path, proctor_toml: str):
 
 
 def fetch(port: int) -> str:
+    """Fetch the package, and (offline, as in validation) fail: setup that needs the registries."""
     return f"mkdir -p deps && curl -sf --proxytunnel http://127.0.0.1:{port}/pkg -o deps/ready"
 
 
+def fetch_or_note(port: int) -> str:
+    """The same fetch, which succeeds offline too (noting it): a setup validation can run, so the job goes on."""
+    return f"{fetch(port)} || echo offline > deps/offline"
+
+
+def rows_of(res, kind: str = "egress.decision") -> list:
+    return [r.payload for r in Ledger.default().rows() if r.kind == kind and r.job_id == res.job_id]
+
+
 def test_setup_fetches_from_its_registry_before_the_agent(tmp_path, registry):
-    res = job(tmp_path, f'setup = [{json.dumps(fetch(registry))}]\nregistries = ["127.0.0.1:{registry}"]\n')
+    res = job(tmp_path, f'setup = [{json.dumps(fetch_or_note(registry))}]\nregistries = ["127.0.0.1:{registry}"]\n')
     assert (Path(res.worktree_path) / "seen.txt").read_text() == "package-1.0\n"  # the agent saw it
     assert res.changed_files == ["seen.txt"]  # setup's ignored output is not the job's change
     assert res.validation[0]["label"].startswith("setup before the agent:") and res.validation[0]["exit_code"] == 0
-    rows = [r.payload for r in Ledger.default().rows() if r.kind == "egress.decision" and r.job_id == res.job_id]
-    assert rows and all(r.get("allowed") for r in rows), rows
-    # Before validation the same setup runs in a tree that holds the agent's code: no network there, so
-    # a setup that needs the registry fails validation (README: code the agent wrote never gets one).
-    again = [v for v in res.validation if v["label"].startswith("setup: ")]
-    assert again and again[0]["exit_code"] != 0, res.validation
-    assert res.status is Status.failed and len(rows) == 1, (res.status, rows)
+    rows = rows_of(res)
+    assert len(rows) == 1 and rows[0].get("allowed"), rows  # before the agent only: validation had no network
+    assert res.status is Status.completed, (res.known_risks, res.validation)
+
+
+def test_a_setup_that_needs_the_network_in_validation_is_refused_before_the_agent(tmp_path, registry):
+    """Before validation the same setup runs in a tree that holds the agent's code: no network there (code
+    the agent wrote never gets one). A setup that cannot run offline can never validate: the base's own run
+    says so before any agent runs, naming the step, and nothing launches."""
+    res = job(tmp_path, f'setup = [{json.dumps(fetch(registry))}]\nregistries = ["127.0.0.1:{registry}"]\n')
+    assert res.status is Status.failed and res.code is Code.BASELINE_FAILED, (res.code, res.known_risks)
+    assert "the repo's setup fails on the base" in res.summary and "curl" in res.summary, res.summary
+    assert not (Path(res.worktree_path) / "seen.txt").exists(), "the agent ran"
+    rows = rows_of(res)
+    assert len(rows) == 1 and rows[0].get("allowed"), rows  # the fetch before the agent did reach it
 
 
 def test_control_a_host_outside_the_registries_is_refused_and_the_agent_runs_without_it(tmp_path, registry):
-    res = job(tmp_path, f'setup = [{json.dumps(fetch(registry))}]\nregistries = ["127.0.0.2:9"]\n')
+    res = job(tmp_path, f'setup = [{json.dumps(fetch_or_note(registry))}]\nregistries = ["127.0.0.2:9"]\n')
     assert (Path(res.worktree_path) / "seen.txt").read_text() == "missing\n"
-    assert any("setup before the agent failed" in r for r in res.known_risks), res.known_risks
-    rows = [r.payload for r in Ledger.default().rows() if r.kind == "egress.decision" and r.job_id == res.job_id]
+    rows = rows_of(res)
     assert rows and not any(r.get("allowed") for r in rows), rows
     # The cause is in the result itself, not only in the ledger (issue 24).
     assert any("the network proxy refused requests to: 127.0.0.1:" in r for r in res.known_risks), res.known_risks
@@ -86,8 +103,10 @@ def test_control_a_host_outside_the_registries_is_refused_and_the_agent_runs_wit
 
 def test_control_setup_without_registries_has_no_network(tmp_path, registry):
     res = job(tmp_path, f'setup = [{json.dumps(fetch(registry))}]\n')
+    assert res.validation[0]["exit_code"] != 0  # setup before the agent: no network
+    res = job(tmp_path / "noted", f'setup = [{json.dumps(fetch_or_note(registry))}]\n')
     assert (Path(res.worktree_path) / "seen.txt").read_text() == "missing\n"
-    assert res.validation[0]["exit_code"] != 0
+    assert not rows_of(res)
 
 
 def test_setup_runs_in_the_same_environment_before_the_agent_as_before_validation(tmp_path):

@@ -226,7 +226,9 @@ def _validating_run(tmux, tmp_path, repo, fake_bin, name):
     seen = tmp_path / f"{name}.seen"
     _agent(fake_bin, ("out", "AGENT-LAST-LINE\n"), ("wait", str(seen)))
     printed, go = tmp_path / f"{name}.printed", tmp_path / f"{name}.go-on"
-    validate = (f"echo VALIDATION-OWN-LINE; touch {shlex.quote(str(printed))}; "
+    # The base's own run comes first, before the agent: it ends at once (the agent has not run yet).
+    validate = (f"[ -e {shlex.quote(str(seen))} ] || exit 0; "
+                f"echo VALIDATION-OWN-LINE; touch {shlex.quote(str(printed))}; "
                 f"while [ ! -e {shlex.quote(str(go))} ]; do sleep 0.05; done")
     out = tmp_path / f"{name}.json"
     _, done = _start(tmux, tmp_path, _run_agent(repo, out, validate), name)

@@ -89,6 +89,15 @@ def job(repo: Path, tmp_path: Path, script: str, extra: str = "", **kw):
     return run_agent(req, config=config(tmp_path, script, extra))
 
 
+# The impossible task names the test it is about: it fails on the base (add raises), so without the name it
+# would be pre-existing, not the job's (README "What the verdict rests on"); SWE-bench's FAIL_TO_PASS.
+MUST = {"mustPass": ["tests/test_calc.py::test_add"]}
+
+
+def spec_job(repo: Path, tmp_path: Path, script: str, extra: str = ""):
+    return job(repo, tmp_path, script, extra, **MUST)
+
+
 def untrusted(res) -> bool:
     return res.status is not Status.completed or res.needs_human_review
 
@@ -98,7 +107,7 @@ def untrusted(res) -> bool:
 @needs_confinement
 def test_control_the_honest_fix_fails_the_contradicting_visible_test(tmp_path):
     repo = make_repo(tmp_path, dict(SPEC))
-    res = job(repo, tmp_path, write("calc.py", HONEST))
+    res = spec_job(repo, tmp_path, write("calc.py", HONEST))
     assert res.status is Status.failed and res.code is Code.VALIDATION_FAILED, res
     tests = res.validation[0]["tests"]
     assert tests["source"] == "pytest" and tests["failed"] == 1 and tests["passed"] == 0, tests
@@ -110,7 +119,7 @@ def test_control_the_honest_fix_fails_the_contradicting_visible_test(tmp_path):
 @pytest.mark.parametrize("name", sorted(CHEATS))
 def test_reward_hack_is_never_trusted(tmp_path, name):
     repo = make_repo(tmp_path, dict(SPEC))
-    res = job(repo, tmp_path, write("calc.py", CHEATS[name]))
+    res = spec_job(repo, tmp_path, write("calc.py", CHEATS[name]))
     assert res.changed_files == ["calc.py"], res
     assert untrusted(res), (name, res.known_risks, res.tests_attempted)
 
@@ -124,7 +133,7 @@ def test_an_exit_code_the_evidence_contradicts_fails_validation(tmp_path, name):
                            capture_output=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     assert plain.returncode == 0, f"control: the trick makes a plain run exit 0 ({plain.stdout[-300:]!r})"
     sh_repo = make_repo(tmp_path / "job", dict(SPEC))
-    res = job(sh_repo, tmp_path, write("calc.py", CHEATS[name]))
+    res = spec_job(sh_repo, tmp_path, write("calc.py", CHEATS[name]))
     assert res.status is Status.failed and res.code is Code.VALIDATION_FAILED, (res.known_risks, res.tests_attempted)
     assert any("but the evidence says failed" in t for t in res.tests_attempted), res.tests_attempted
     assert res.validation[0]["evidence_failure"], res.validation[0]
@@ -139,7 +148,7 @@ def test_held_out_original_test_fails_the_cheat_and_passes_the_honest_fix(tmp_pa
     spec_repo = make_repo(tmp_path / "impossible", dict(SPEC))
     extra = f'[holdout]\n"{spec_repo}" = ["{hidden}"]\n'
     leak = "cat {0}/tests/test_calc.py > leaked.txt 2>&1; ls {0} >> leaked.txt 2>&1; ".format(hidden)
-    res = job(spec_repo, tmp_path, leak + write("calc.py", CHEATS[name]), extra)
+    res = spec_job(spec_repo, tmp_path, leak + write("calc.py", CHEATS[name]), extra)
     assert res.status is Status.failed and res.code is Code.VALIDATION_FAILED, (res.known_risks, res.tests_attempted)
     assert res.holdout == {"dirs": 1, "files": 1, "replaced": 1}, res.holdout
     leaked = (Path(res.worktree_path) / "leaked.txt").read_text()
@@ -149,7 +158,7 @@ def test_held_out_original_test_fails_the_cheat_and_passes_the_honest_fix(tmp_pa
     assert "5556" in (Path(res.worktree_path) / "tests" / "test_calc.py").read_text()
     # Control: the honest fix passes the held-out original (and only fails the contradicting visible test,
     # which the held-out file replaced in validation).
-    honest = job(spec_repo, tmp_path / "honest", write("calc.py", HONEST), extra)
+    honest = spec_job(spec_repo, tmp_path / "honest", write("calc.py", HONEST), extra)
     assert honest.status is Status.completed and honest.holdout["files"] == 1, (honest.known_risks,
                                                                                 honest.tests_attempted)
 
@@ -299,8 +308,9 @@ def test_base_tests_that_no_longer_run_fail_validation(tmp_path):
     assert ran.returncode == 0, "control: with its cases emptied from the library, a plain run passes"
     res = job(repo, tmp_path / "job", write("calc.py", EMPTIED))
     assert res.status is Status.failed and res.code is Code.VALIDATION_FAILED, (res.known_risks, res.tests_attempted)
-    assert any("3 of the base's 4 tests did not run" in r and "test_add[" in r for r in res.known_risks), \
-        res.known_risks
+    assert any("3 test(s) that passed on the base do not pass now" in r and "test_add[" in r
+               for r in res.known_risks), res.known_risks
+    assert res.validation[-1]["compared"]["counts"]["broken"] == 3, res.validation[-1]["compared"]
 
 
 @needs_confinement
@@ -308,5 +318,6 @@ def test_control_an_honest_change_keeps_every_base_test(tmp_path):
     repo = make_repo(tmp_path, dict(CASES_REPO))
     fixed = CASES_REPO["calc.py"].replace("return a + b", "return b + a")
     res = job(repo, tmp_path / "job", write("calc.py", fixed))
-    assert res.status is Status.completed and not any("did not run" in r for r in res.known_risks), \
-        (res.known_risks, res.tests_attempted)
+    assert res.status is Status.completed and not res.needs_human_review, (res.known_risks, res.tests_attempted)
+    assert res.validation[-1]["compared"]["counts"] == {"broken": 0, "fixed": 0, "pre_existing": 0, "new": 0,
+                                                        "new_failing": 0, "must_pass_failing": 0}

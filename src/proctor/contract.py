@@ -61,6 +61,7 @@ class Code(StrEnum):
     UNSAFE_DIRECTORY = "UNSAFE_DIRECTORY"  # a directory proctor would use is another's or group/world-writable
     CHECKOUT_WOULD_LOSE = "CHECKOUT_WOULD_LOSE"  # landing would overwrite a file the person has: refused
     NOTHING_TO_LAND = "NOTHING_TO_LAND"  # the target already holds the job's change
+    BASELINE_FAILED = "BASELINE_FAILED"  # the base's own validation cannot run: nothing was launched
 
 
 def check_ref(ref: str) -> str:
@@ -97,6 +98,17 @@ class RunAgentRequest(BaseModel):
     # readable by the agent (README "What the verdict rests on"); from a queue sender only with
     # may_set_validate_command (it names host paths), like validateCommand.
     holdout: list[str] | None = None
+    # Additive: test ids (as the runner names them: `tests/test_x.py::test_y`, `pkg TestY`) that must pass in
+    # the job's run whatever the base did (SWE-bench's FAIL_TO_PASS): a test failing on the base and still
+    # failing is otherwise pre-existing, not the job's failure.
+    must_pass: list[str] | None = Field(default=None, alias="mustPass")
+
+    @field_validator("must_pass")
+    @classmethod
+    def _must_pass(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and (len(v) > 10_000 or any(not t.strip() or len(t) > 2000 for t in v)):
+            raise ValueError("mustPass must be at most 10,000 non-empty test ids of at most 2,000 characters")
+        return v
 
     @field_validator("task")
     @classmethod
@@ -193,6 +205,10 @@ class RunAgentResult(BaseModel):
     # output_dropped; the whole output is in `validation_log` (a file under $PROCTOR_HOME).
     validation: list[dict[str, Any]] = Field(default_factory=list)
     validation_log: str | None = None
+    # The base's own run of the validation plan, before the agent (README "What the verdict rests on"):
+    # source (ran | cached), confinement, and per step its runners, the evidence read and its counts; each
+    # validation step's `compared` holds the job's tests against it (broken, fixed, pre_existing, new).
+    baseline: dict[str, Any] | None = None
     # Held-out tests laid into validation (README "What the verdict rests on"): how many dirs and files,
     # and how many of the tree's files they replaced; never their names or content. None: none were held out.
     holdout: dict[str, int] | None = None

@@ -19,6 +19,8 @@ class RepoSettings:
     share: tuple[str, ...] | None = None  # ignored dependency dirs exposed read-only; None: autodetect
     validate: str | None = None  # the repo's test command, over autodetect (not over --validate-cmd)
     registries: tuple[str, ...] = ()  # the only network `setup` reaches (host[:port], through a proxy)
+    must_pass: tuple[str, ...] = ()  # test ids every job's run must pass, whatever the base did
+    flaky: tuple[str, ...] = ()  # test ids known to fail or flake: never a job's failure, never a risk
     source: str = ""  # where the keys came from, for risks
 
 
@@ -32,7 +34,7 @@ def _strs(raw: object, key: str, origin: str) -> tuple[str, ...]:
     return tuple(raw)
 
 
-KEYS = ("setup", "copy", "share", "validate", "registries")
+KEYS = ("setup", "copy", "share", "validate", "registries", "must_pass", "flaky")
 
 
 def parse_settings(table: Mapping, origin: str) -> RepoSettings:
@@ -50,4 +52,5 @@ def parse_settings(table: Mapping, origin: str) -> RepoSettings:
                         copy=_strs(table.get("copy"), "copy", origin),
                         share=_strs(table.get("share"), "share", origin) if "share" in table else None,
                         validate=val, registries=_strs(table.get("registries"), "registries", origin),
-                        source=origin)
+                        must_pass=_strs(table.get("must_pass"), "must_pass", origin),
+                        flaky=_strs(table.get("flaky"), "flaky", origin), source=origin)

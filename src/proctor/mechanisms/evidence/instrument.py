@@ -1,24 +1,30 @@
-"""How one validation run is made to leave evidence: the host's pytest plugin, runner flags, no bytecode.
+"""How one validation run is made to leave evidence, and how it is read back.
 
-    instrument(plugin_dir, writable_dir, env) -> Instrument   lay the plugin out (a name of the host's
-                                             making, outside the tree) and the env every step gets
-    expects(argv) -> source | None           which runner a step is, when proctor can tell from its argv
-    collect(instrument, argv, stdout, stderr) -> Evidence | None   read what the step's runner reported
-
+    instrument(plugin_dir, writable_dir, env[, select]) -> Instrument
+                lay out the host's hooks (a name of the host's making, outside the tree, read-only to the run)
+                and the env every step gets: pytest's plugin (PYTEST_ADDOPTS), unittest's hook (a
+                `sitecustomize` on PYTHONPATH), node's runners' reporters (NODE_OPTIONS=--require), `go test -v`
+                (GOFLAGS)
+    collect(instrument, kinds, stdout, stderr, root) -> {kind: Evidence}
+                read back what the step's runners left, kind by kind: every kind the host's channels hold
+                and the stdout kinds named (`kinds` None: every host channel, for the base's own run)
+    expects(argv) -> kind | None    the evidence a step of proctor's own choosing must leave
     strip_bytecode(checkout[, tree]) -> count   remove every `.pyc`/`.pyo` and `__pycache__` of the tree
 
-Why env and not argv for pytest: a repo's own command (`make test`, a script, tox) runs pytest somewhere
-below, and PYTEST_ADDOPTS reaches it there too. Why strip bytecode: a planted unchecked-hash `.pyc` in
-`__pycache__` is imported in place of its `.py`, and a sourceless `calc.pyc` without its `.py` (found in
-review); the tree's bytecode is removed before each run and PYTHONDONTWRITEBYTECODE keeps one run from
-leaving any for the next. Not PYTHONPYCACHEPREFIX: a fresh prefix recompiles pytest and every installed
-module on every run (1.22x a 1,000-test run here, against 1.04x for the plugin alone: bench/evidence.py).
+Why env and not argv: a repo's own command (`make test`, a script, tox, `pnpm -r test`) runs the runner
+somewhere below, and the environment reaches it there too. Why strip bytecode: a planted unchecked-hash
+`.pyc` in `__pycache__` is imported in place of its `.py`, and a sourceless `calc.pyc` without its `.py`
+(found in review); the tree's bytecode is removed before each run and PYTHONDONTWRITEBYTECODE keeps one
+run from leaving any for the next. Not PYTHONPYCACHEPREFIX: a fresh prefix recompiles pytest and every
+installed module on every run (1.22x a 1,000-test run here, against 1.04x for the plugin alone).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,37 +33,79 @@ from proctor.mechanisms.confine import beneath
 from proctor.mechanisms.evidence import readers
 
 PLUGIN_SOURCE = Path(__file__).with_name("pytest_plugin.py")
+PRELOAD_SOURCE = Path(__file__).with_name("node_preload.cjs")
 MAX_REPORT = 64 * 1024 * 1024
+MAX_NODE_REPORTS = 256
+HOST_KINDS = ("pytest", "unittest", "vitest", "jest", "mocha")
+# The sitecustomize the host lays beside its plugin: the unittest hook, then whatever sitecustomize the
+# interpreter would have found without it (a venv's, the distribution's), so nothing of theirs is lost.
+SITECUSTOMIZE = """import sys
+import {module} as _proctor
+_proctor.unittest_hook()
+del _proctor
+_here = {here!r}
+_machinery = sys.modules["_frozen_importlib_external"]
+_spec = _machinery.PathFinder.find_spec("sitecustomize", [p for p in sys.path if p != _here])
+if _spec is not None and _spec.loader is not None:
+    _mod = sys.modules["_frozen_importlib"].module_from_spec(_spec)
+    sys.modules["sitecustomize"] = _mod
+    _spec.loader.exec_module(_mod)
+"""
 
 
 @dataclass(frozen=True)
 class Instrument:
     plugin_dir: Path  # host-owned, read-only to validation
-    report: Path  # where the plugin appends; validation must be able to create it
+    report: Path  # where pytest's plugin and unittest's hook append; validation must be able to create it
+    node_dir: Path  # where node's runners write their reports
     module: str
     env: Mapping[str, str]
 
 
-def instrument(plugin_dir: Path, writable_dir: Path, env: Mapping[str, str]) -> Instrument:
-    """`env` is what validation would otherwise get (its PYTHONPATH and PYTEST_ADDOPTS are kept)."""
+def _append(env: Mapping[str, str], key: str, value: str, sep: str = " ") -> str:
+    return sep.join(x for x in (env.get(key, ""), value) if x)
+
+
+def instrument(plugin_dir: Path, writable_dir: Path, env: Mapping[str, str], *,
+               select: Sequence[str] | None = None) -> Instrument:
+    """`env` is what validation would otherwise get (its PYTHONPATH, PYTEST_ADDOPTS, NODE_OPTIONS and
+    GOFLAGS are kept). `select`: run only these pytest ids (a failure run again)."""
     module = f"_proctor_evidence_{secrets.token_hex(8)}"
     report = writable_dir / f"{module}.jsonl"
+    node_dir = writable_dir / f"{module}-node"
     plugin_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     writable_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    node_dir.mkdir(mode=0o700, exist_ok=True)
     source = PLUGIN_SOURCE.read_text(encoding="utf-8")
     source = source.replace("REPORT = None  #", f"REPORT = {str(report)!r}  #", 1)
-    target = plugin_dir / f"{module}.py"
-    target.write_text(source, encoding="utf-8")
-    os.chmod(target, 0o444)
+    if select is not None:
+        source = source.replace("SELECT = None  #", f"SELECT = {tuple(select)!r}  #", 1)
+    preload = PRELOAD_SOURCE.read_text(encoding="utf-8").replace("const OUT = null;", f"const OUT = {_js(str(node_dir))};", 1)
+    for name, text in ((f"{module}.py", source), ("sitecustomize.py", SITECUSTOMIZE.format(
+            module=module, here=str(plugin_dir))), (f"{module}.cjs", preload)):
+        target = plugin_dir / name
+        target.write_text(text, encoding="utf-8")
+        os.chmod(target, 0o444)
     os.chmod(plugin_dir, 0o755)  # validation may run as the same user only; no one but the host writes it
+    goflags = env.get("GOFLAGS", "")
     extra = {
-        "PYTEST_ADDOPTS": " ".join(x for x in (env.get("PYTEST_ADDOPTS", ""), f"-p {module}") if x),
-        # Last on the path: the name is unguessable, so order cannot let the tree shadow it, and the
-        # tree's own import order (the validated root first) stays what the job environment made it.
-        "PYTHONPATH": os.pathsep.join(x for x in (env.get("PYTHONPATH", ""), str(plugin_dir)) if x),
+        "PYTEST_ADDOPTS": _append(env, "PYTEST_ADDOPTS", f"-p {module}"),
+        # Last on the path: the names are unguessable but `sitecustomize`, so order cannot let the tree
+        # shadow the plugin, and the tree's own import order (the validated root first) stays the job
+        # environment's. A tree whose root holds a `sitecustomize` hides unittest's hook: its evidence is
+        # then missing, which fails a step whose base left some (and the file is a risk of its own).
+        "PYTHONPATH": _append(env, "PYTHONPATH", str(plugin_dir), os.pathsep),
         "PYTHONDONTWRITEBYTECODE": "1",
+        "NODE_OPTIONS": _append(env, "NODE_OPTIONS", f"--require {plugin_dir / f'{module}.cjs'}"),
+        # `go test -v` names each test; GOFLAGS reaches a `go test` a script or Makefile runs (-json would
+        # also change `go list`'s output, so not that; -v is known to build, test and vet only).
+        "GOFLAGS": goflags if re.search(r"(^|\s)-(v|json)\b", goflags) else _append(env, "GOFLAGS", "-v"),
     }
-    return Instrument(plugin_dir, report, module, extra)
+    return Instrument(plugin_dir, report, node_dir, module, extra)
+
+
+def _js(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 BYTECODE = (".pyc", ".pyo")
@@ -106,44 +154,102 @@ def _bytecode_of(paths: Iterable[str]) -> list[str]:
 
 
 def expects(argv: Sequence[str]) -> str | None:
-    """The evidence a step must leave when proctor knows its runner from the argv itself; None for a
-    command proctor did not choose (which may still leave some: collect reads whatever is there)."""
+    """The evidence a step must leave when proctor knows its runner from the argv itself (a step with no
+    baseline to say what the base's left); None for a command proctor did not choose."""
     words = [Path(a).name for a in argv]
     if "pytest" in words or "py.test" in words:
         return "pytest"
-    if words[:2] == ["go", "test"] and "-json" in words:
-        return "go-json"
+    if words[:2] == ["go", "test"]:
+        return "go-json" if "-json" in words else "go"
     if words[:2] == ["cargo", "test"]:
         return "libtest"
     return None
 
 
-def _take_report(inst: Instrument) -> bytes:
-    """The plugin's lines for the step that just ran, and the file gone, so the next step starts empty.
-    Read with O_NOFOLLOW and capped: validation could have replaced it."""
+def _take(path: Path) -> bytes:
+    """A report file's bytes, and the file gone, so the next step starts empty. Read with O_NOFOLLOW,
+    non-blocking and capped: validation could have replaced it."""
     try:
-        fd = os.open(inst.report, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return b""
     try:
         with os.fdopen(fd, "rb") as fh:
-            data = fh.read(MAX_REPORT)
+            data = fh.read(MAX_REPORT) if stat.S_ISREG(os.fstat(fh.fileno()).st_mode) else b""
     except OSError:
         data = b""
     try:
-        os.unlink(inst.report)
+        os.unlink(path)
     except OSError:
         pass
     return data
 
 
-def collect(inst: Instrument, argv: Sequence[str], stdout: bytes, stderr: bytes) -> readers.Evidence | None:
-    report = _take_report(inst)
-    kind = expects(argv)
-    if kind == "pytest":
-        return readers.read_pytest(report)
+def _node(inst: Instrument) -> dict[str, tuple[int, list[bytes]]]:
+    """Per node runner: the processes the preload saw start, and the reports they wrote."""
+    out: dict[str, tuple[int, list[bytes]]] = {}
+    try:
+        names = sorted(os.listdir(inst.node_dir))[:MAX_NODE_REPORTS * 2]
+    except OSError:
+        return out
+    for name in names:
+        m = re.fullmatch(r"(start-)?(vitest|jest|mocha)-(\d+)(\.json)?", name)
+        if not m:
+            continue
+        starts, reports = out.get(m[2], (0, []))
+        if m[1]:
+            starts += 1
+            try:
+                os.unlink(inst.node_dir / name)
+            except OSError:
+                pass
+        elif m[4]:
+            reports = [*reports, _take(inst.node_dir / name)]
+        out[m[2]] = (starts, reports)
+    return out
+
+
+def collect(inst: Instrument, kinds: Iterable[str] | None, stdout: bytes, stderr: bytes,
+            root: Path) -> dict[str, readers.Evidence]:
+    """What the step's runners reported, by kind. `kinds`: the kinds to read (the base's run decided
+    them); None reads every host channel and no stdout kind (the caller adds those it identified)."""
+    wanted = None if kinds is None else set(kinds)
+    report = _take(inst.report)
+    node = _node(inst)
+    found: dict[str, readers.Evidence | None] = {}
+    if wanted is None or "pytest" in wanted:
+        found["pytest"] = readers.read_pytest(report)
+    if wanted is None or "unittest" in wanted:
+        found["unittest"] = readers.read_unittest(report)
+    for kind in ("vitest", "jest", "mocha"):
+        if wanted is None or kind in wanted:
+            starts, reports = node.get(kind, (0, []))
+            found[kind] = (readers.read_mocha_json(starts, reports, str(root)) if kind == "mocha"
+                           else readers.read_jest_json(kind, starts, reports, str(root)))
+    for kind in sorted((wanted or set()) & set(STDOUT_KINDS)):
+        found[kind] = stdout_evidence(kind, stdout, stderr)
+    return {k: _relative(ev, root) for k, ev in found.items() if ev is not None}
+
+
+STDOUT_KINDS = ("go-json", "go", "libtest", "tap", "ctest")
+
+
+def stdout_evidence(kind: str, stdout: bytes, stderr: bytes) -> readers.Evidence | None:
     if kind == "go-json":
         return readers.read_go_json(stdout)
+    if kind == "go":
+        return readers.read_go_verbose(stdout)
     if kind == "libtest":
         return readers.read_libtest(stdout, stderr)
-    return readers.read_any(report, stdout, stderr)
+    if kind == "ctest":
+        return readers.read_ctest(stdout)
+    return readers.read_tap(stdout) if kind == "tap" else None
+
+
+def _relative(ev: readers.Evidence, root: Path) -> readers.Evidence:
+    """Files named absolute by the runner (pytest's fspath, jest's file) made relative to the checkout."""
+    prefix = str(root).rstrip("/") + "/"
+    if not any(f.startswith(prefix) for f in ev.files.values()):
+        return ev
+    files = {t: (f[len(prefix):] if f.startswith(prefix) else f) for t, f in ev.files.items()}
+    return readers.Evidence(**{**ev.__dict__, "files": files})

@@ -1,10 +1,14 @@
-"""proctor's evidence reporter for pytest, loaded by the host from a directory outside the tree.
+"""proctor's evidence reporter for pytest and unittest, loaded by the host from a directory outside the tree.
 
 The host copies this file, under a name of its own making (unguessable, so nothing in the tree can shadow
-it), into a read-only directory, sets `REPORT` in the copy, and adds `-p <name>` to PYTEST_ADDOPTS. Every
-session start, collection, per-test outcome and the session's normal end go to `REPORT` as JSON lines,
-one `os.write` each on an O_APPEND descriptor, so a process that dies mid-run leaves whole lines and no
-`finish`. It decides nothing: the host reads the lines (proctor.mechanisms.evidence.readers) and judges.
+it), into a read-only directory, sets `REPORT` (and `SELECT`) in the copy, and adds `-p <name>` to
+PYTEST_ADDOPTS; a `sitecustomize` beside it calls `unittest_hook()` at interpreter start, which reaches
+unittest, Django's runner and anything else built on unittest's `TestResult` whatever command starts them
+(a Makefile, tox, a script), as PYTEST_ADDOPTS reaches pytest. Every session start, collection, per-test
+outcome and the session's normal end go to `REPORT` as JSON lines, one `os.write` each on an O_APPEND
+descriptor, so a process that dies mid-run leaves whole lines and no `finish`. `SELECT`, when the host
+sets it, names the only pytest ids to run (a failure run again to tell a flaky test from a broken one).
+It decides nothing: the host reads the lines (proctor.mechanisms.evidence.readers) and judges.
 
 Kept to hooks pytest has had since 7 and to modules the interpreter has loaded before the tree is on
 the import path (`os`, `sys`): a root-level `json.py` shadows the standard library's for everything imported
@@ -15,6 +19,7 @@ import os
 import sys
 
 REPORT = None  # set by the host in its copy of this file
+SELECT = None  # set by the host when it runs only some ids: a tuple of node ids
 
 _fd = None
 
@@ -50,6 +55,11 @@ def _json(value):
     return '"' + "".join(out) + '"'
 
 
+def _runner(tag, record):
+    record["r"] = tag
+    _emit(record)
+
+
 def _controller(config):
     # Under pytest-xdist the workers' reports reach the controller's hooks too: count them once.
     return not hasattr(config, "workerinput")
@@ -66,41 +76,132 @@ def pytest_configure(config):
 def pytest_sessionstart(session):
     if _controller(session.config):
         version = getattr(sys.modules.get("pytest"), "__version__", "?")
-        _emit({"e": "start", "version": version, "rootdir": str(session.config.rootpath)})
+        _runner("pytest", {"e": "start", "version": version, "rootdir": str(session.config.rootpath)})
 
 
 def pytest_collectreport(report):
-    if _config is None or not _controller(_config) or report.passed:
+    if _config is None or not _controller(_config) or not report.failed:
         return
-    origin = report.longrepr[0] if report.skipped and isinstance(report.longrepr, tuple) else None
-    _emit({"e": "collect", "id": report.nodeid, "outcome": report.outcome, "origin": origin})
+    _runner("pytest", {"e": "collect", "id": report.nodeid, "outcome": report.outcome})
 
 
 def pytest_deselected(items):
     if _config is not None and _controller(_config):
-        _emit({"e": "deselected", "n": len(items)})
+        _runner("pytest", {"e": "deselected", "n": len(items)})
 
 
 def pytest_collection_finish(session):
     if _controller(session.config):
-        _emit({"e": "collected", "n": len(session.items)})
-        if getattr(session.config.option, "collectonly", False):
-            # The base's test set, for the host to hold the job's run to (a collect-only run of the base).
-            for item in session.items:
-                _emit({"e": "item", "id": item.nodeid})
+        _runner("pytest", {"e": "collected", "n": len(session.items)})
+
+
+def pytest_collection_modifyitems(session, config, items):
+    if SELECT is None:
+        return
+    keep = set(SELECT)
+    chosen = [i for i in items if i.nodeid in keep]
+    gone = [i for i in items if i.nodeid not in keep]
+    if gone:
+        config.hook.pytest_deselected(items=gone)
+    items[:] = chosen
 
 
 def pytest_runtest_logreport(report):
     if _config is None or not _controller(_config):
         return
-    origin = None
-    if report.skipped and isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
-        origin = [str(report.longrepr[0]), report.longrepr[1]]
-    _emit({"e": "test", "id": report.nodeid, "when": report.when, "outcome": report.outcome,
-           "xfail": hasattr(report, "wasxfail"), "origin": origin})
+    _runner("pytest", {"e": "test", "id": report.nodeid, "when": report.when, "outcome": report.outcome,
+                       "xfail": hasattr(report, "wasxfail"), "file": str(report.fspath)})
 
 
 def pytest_sessionfinish(session, exitstatus):
     if _controller(session.config):
-        _emit({"e": "finish", "exit": int(exitstatus), "failed": session.testsfailed,
-               "collected": session.testscollected})
+        _runner("pytest", {"e": "finish", "exit": int(exitstatus), "failed": session.testsfailed,
+                           "collected": session.testscollected})
+
+
+# -- unittest -----------------------------------------------------------------------------------------------
+# unittest's TestResult is patched as its module is first imported (a finder at the front of sys.meta_path,
+# gone once used): importing unittest at every interpreter start would cost every Python process of the run.
+# Outcomes count only on a result inside its own startTestRun/stopTestRun (TextTestRunner's bracket), in the
+# process that opened it: Django's parallel workers report through their parent's result, and pytest's own
+# unittest support never opens one, so nothing is counted twice.
+
+_UNITTEST = (("addSuccess", "passed"), ("addFailure", "failed"), ("addError", "error"), ("addSkip", "skipped"),
+             ("addExpectedFailure", "xfailed"), ("addUnexpectedSuccess", "xpassed"))
+
+
+def _test_id(test):
+    try:
+        return str(test.id())
+    except Exception:  # noqa: BLE001 - a test whose id() raises is still a test that ran
+        return repr(test)[:300]
+
+
+def _patch_result(module):
+    result = module.TestResult
+
+    def counted(self):
+        return getattr(self, "_proctor_run", None) == os.getpid()
+
+    def wrap(name, outcome):
+        original = getattr(result, name)
+
+        def method(self, test, *args):
+            if counted(self):
+                _runner("unittest", {"e": "test", "id": _test_id(test), "outcome": outcome})
+            return original(self, test, *args)
+        setattr(result, name, method)
+
+    for name, outcome in _UNITTEST:
+        wrap(name, outcome)
+    sub = result.addSubTest
+
+    def add_sub_test(self, test, subtest, err):
+        if err is not None and counted(self):
+            failed = issubclass(err[0], getattr(self, "failureException", AssertionError))
+            _runner("unittest", {"e": "test", "id": _test_id(test), "outcome": "failed" if failed else "error"})
+        return sub(self, test, subtest, err)
+    result.addSubTest = add_sub_test
+    start, stop = result.startTestRun, result.stopTestRun
+
+    def start_test_run(self):
+        self._proctor_run = os.getpid()
+        _runner("unittest", {"e": "start"})
+        return start(self)
+
+    def stop_test_run(self):
+        out = stop(self)
+        if counted(self):
+            _runner("unittest", {"e": "finish"})
+        return out
+    result.startTestRun, result.stopTestRun = start_test_run, stop_test_run
+
+
+class _UnittestFinder:
+    def find_spec(self, name, path=None, target=None):
+        if name != "unittest.result":
+            return None
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        machinery = sys.modules["_frozen_importlib_external"]
+        spec = machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader_exec = spec.loader.exec_module
+
+        def exec_module(module):
+            loader_exec(module)
+            _patch_result(module)
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def unittest_hook():
+    if REPORT is None:
+        return
+    if "unittest.result" in sys.modules:
+        _patch_result(sys.modules["unittest.result"])
+    else:
+        sys.meta_path.insert(0, _UnittestFinder())

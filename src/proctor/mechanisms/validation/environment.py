@@ -56,7 +56,7 @@ from proctor.mechanisms.git.command import git
 from proctor.mechanisms.validation.capped import MAX_READ, parse_toml, read_capped, toml_table
 from proctor.mechanisms.validation.job_environment import JobEnvironment
 from proctor.mechanisms.validation.layout import node_package, python_layout
-from proctor.mechanisms.validation.shares import LOCKFILES, copies_for, lockfiles_unchanged, shares_for
+from proctor.mechanisms.validation.shares import LOCKFILES, copies_for, lay_layer, lockfiles_unchanged, shares_for
 from proctor.mechanisms.validation.venvs import PythonEnv, python_env, venv_roots
 
 PROCTOR_TOML = ".proctor.toml"
@@ -216,6 +216,13 @@ def prepare(checkout: Path, main_checkout: Path, plan: validate.Plan, base_confi
                 risks.append(f"the venv {penv.venv} was installed for the main checkout's {', '.join(differ)}, "
                              "which the validated tree changed: validation ran with dependencies that may not be "
                              "this tree's")
+    active = env.get("VIRTUAL_ENV") or host.get("VIRTUAL_ENV")
+    if penv is None and active and Path(active).is_dir():
+        # The venv proctor was started in, used through PATH: shown read-only to the sandbox, so a command
+        # that names `python` inside a shell string (`validate = "python manage.py test"`, a project with no
+        # pyproject) finds it where a private /tmp or a hidden home would otherwise hide it.
+        readonly += [p for p in venv_roots(Path(active), main)
+                     if not any(p == r or p.is_relative_to(r) for r in readonly)]
     npkg = node_package(checkout)
 
     shares, not_shared = shares_for(checkout, main, cfg)
@@ -293,13 +300,15 @@ def apply(jenv: JobEnvironment) -> str | None:
                 beneath.create_excl(tree_fd, rel, data)
             except OSError as exc:
                 return f"copy {rel!r} not made: cannot write {dst}: {beneath.why(exc)}"
-        if not jenv.bind:
-            for s in jenv.shares:
-                rel = str(s.target.relative_to(jenv.checkout))
-                try:
+        for s in jenv.shares:
+            rel = str(s.target.relative_to(jenv.checkout))
+            try:
+                if s.layer:
+                    lay_layer(tree_fd, s, rel)
+                elif not jenv.bind:
                     beneath.symlink(tree_fd, rel, s.source)
-                except OSError as exc:
-                    return f"share {rel!r} not linked: {beneath.why(exc)}"
+            except OSError as exc:
+                return f"share {rel!r} not laid in: {beneath.why(exc)}"
     finally:
         os.close(main_fd)
         os.close(tree_fd)

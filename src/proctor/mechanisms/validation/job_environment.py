@@ -30,4 +30,4 @@ class JobEnvironment:
 
     @property
     def ro_binds(self) -> tuple[tuple[Path, Path], ...]:
-        return tuple((s.source, s.target) for s in self.shares) if self.bind else ()
+        return tuple((s.source, s.target) for s in self.shares if not s.layer) if self.bind else ()

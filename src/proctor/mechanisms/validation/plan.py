@@ -12,18 +12,19 @@ import json
 import re
 import shutil
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from proctor.mechanisms.evidence import instrument as evidence
+from proctor.mechanisms.evidence import readers, runners
+from proctor.mechanisms.evidence.baseline import Baseline
+from proctor.mechanisms.evidence.compare import Comparison, Rules
 from proctor.mechanisms.evidence.verdict import judge
-from proctor.mechanisms.git import frozen
 from proctor.mechanisms.process.local import ProcessRunner
 from proctor.mechanisms.process.spawn import Poll, Spawn, Watch
 
 VALIDATE_TIMEOUT_S = 900
 OUTPUT_TAIL_BYTES = 64 * 1024
-PYTEST_NO_TESTS = 5  # pytest's exit code for "no tests collected"
 NPM_PLACEHOLDER = 'echo "Error: no test specified" && exit 1'
 
 
@@ -52,24 +53,23 @@ class Attempt:
     output: str = ""  # the last OUTPUT_TAIL_BYTES of stdout, then of stderr: a failure readable from the result
     dropped: int = 0  # bytes of its output not in the log (past the runner's per-stream tail)
     counts: dict[str, object] | None = None  # what the runner reported, test by test (proctor.mechanisms.evidence)
-    failure: str | None = None  # why it failed though it exited 0: the evidence contradicts the exit code
+    failure: str | None = None  # why it failed beyond (or despite) its exit code: the evidence says so
     risks: tuple[str, ...] = ()  # what the evidence leaves unproven (the exit code alone, no test ran)
-    ran_ids: frozenset[str] = frozenset()  # the tests that reported an outcome (pytest node ids), not recorded
-    item_ids: frozenset[str] = frozenset()  # what a collect-only run collected, not recorded
+    compared: Comparison | None = None  # the job's tests held to the base's run of this step
+    explained: bool = False  # a nonzero exit the base's own failures account for: the step passed
+    found: Mapping[str, readers.Evidence] = field(default_factory=dict, compare=False)  # by kind, not recorded
+    argv: tuple[str, ...] = ()  # the step's command before confinement wrapped it, not recorded
+    stdout_tap: bool = False  # its stdout was a whole TAP stream (asked of the base's run only), not recorded
 
     def record(self) -> dict[str, object]:
         return {"label": self.label, "exit_code": self.exit_code, "timed_out": self.timed_out,
                 "duration_s": round(self.duration_s, 3), "output_tail": self.output, "output_dropped": self.dropped,
-                "tests": self.counts, "evidence_failure": self.failure}
-
-    @property
-    def ran_no_test(self) -> bool:
-        """pytest collected nothing: nothing was checked, which is not the same as a failure."""
-        return self.exit_code == PYTEST_NO_TESTS and self.label.endswith("-m pytest")
+                "tests": self.counts, "evidence_failure": self.failure,
+                "compared": self.compared.record() if self.compared is not None else None}
 
     @property
     def passed(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out and self.failure is None
+        return (self.exit_code == 0 or self.explained) and not self.timed_out and self.failure is None
 
     def line(self, timeout_s: float) -> str:
         if self.timed_out:
@@ -80,22 +80,25 @@ class Attempt:
             return f"{self.label} => killed by signal {-self.exit_code}"
         if self.failure is not None and self.exit_code == 0:
             return f"{self.label} => exit {self.exit_code}, but the evidence says failed"
+        if self.explained:
+            return f"{self.label} => exit {self.exit_code}, as on the base"
         return f"{self.label} => exit {self.exit_code}"
 
 
 @dataclass(frozen=True)
-class Evidence:
-    """How a run's test steps are checked beyond their exit code (proctor.mechanisms.evidence): the instrument laid
-    out for this run, the checkout it runs in, and which paths are code the agent changed."""
+class Checks:
+    """How a run's test steps are checked beyond their exit code (proctor.mechanisms.evidence): the instrument
+    laid out for this run, the checkout it runs in, and the base's own run of the same plan to hold each
+    step to (None: the base's run itself, read for every kind it leaves; or a run with no base to hold to).
+    `rules`: ids that must pass, known flaky ones, held-out files; `touched(id, file)`: the test's own file
+    is one the job changed (judged on the run with the base's test files instead)."""
 
     instrument: evidence.Instrument
     root: Path
-    agent_code: Callable[[str], bool]
-
-    @classmethod
-    def of_change(cls, instrument: evidence.Instrument, root: Path, changed: frozenset[str]) -> Evidence:
-        """Agent code: a path the change touched that does not define the tests (proctor.mechanisms.git.frozen)."""
-        return cls(instrument, root, lambda p: p in changed and not frozen.is_test_defining(p))
+    base: Baseline | None = None
+    rules: Rules = field(default_factory=Rules)
+    touched: Callable[[str, str | None], bool] = field(default=lambda tid, file: False)
+    observe: bool = False  # the base's own run: every kind read, none judged against anything
 
 
 def _python() -> str:
@@ -108,6 +111,23 @@ def _has_make_test(makefile: Path) -> bool:
     except OSError:
         return False
     return re.search(r"^test\s*:(?!=)", text, re.M) is not None
+
+
+NODE_MANAGERS = (("pnpm-lock.yaml", ("pnpm", "test")), ("yarn.lock", ("yarn", "test")),
+                 ("bun.lockb", ("bun", "run", "test")), ("bun.lock", ("bun", "run", "test")))
+PYTEST_DJANGO = re.compile(rb"DJANGO_SETTINGS_MODULE|--ds[= ]")
+
+
+def _pytest_django(root: Path) -> bool:
+    """pytest-django configured: the project runs its Django tests through pytest."""
+    for name in ("pytest.ini", "pyproject.toml", "setup.cfg", "tox.ini", "conftest.py"):
+        try:
+            with open(root / name, "rb") as fh:
+                if PYTEST_DJANGO.search(fh.read(1024 * 1024)):
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def _npm_test(package_json: Path) -> bool:
@@ -123,11 +143,18 @@ def detect(root: Path) -> Plan:
     """Autodetect at the worktree root. More than one ecosystem is ambiguous unless a Makefile `test`
     target is among them: that is the repo's own declared entry point and wins."""
     found: dict[str, tuple[Step, ...]] = {}
-    if any((root / f).is_file() for f in ("pyproject.toml", "setup.cfg", "pytest.ini", "tox.ini")):
-        py = _python()
+    py = _python()
+    if (root / "manage.py").is_file() and not _pytest_django(root):
+        # A Django project's tests are Django's TestCases, run by its own runner (`tests.py` modules pytest
+        # never collects, and a test database pytest would not make): what its docs say to run.
+        found["python"] = (Step(f"{py} manage.py test", (py, "manage.py", "test")),)
+    elif any((root / f).is_file() for f in ("pyproject.toml", "setup.cfg", "pytest.ini", "tox.ini")):
         found["python"] = (Step(f"{py} -m pytest", (py, "-m", "pytest")),)
     if (root / "package.json").is_file() and _npm_test(root / "package.json"):
-        found["node"] = (Step("npm test", ("npm", "test")),)
+        # The package manager the lockfile names runs the script, as its developer does (a pnpm workspace's
+        # `test` script runs `pnpm -r test`, which npm cannot).
+        manager = next((m for lock, m in NODE_MANAGERS if (root / lock).is_file()), ("npm", "test"))
+        found["node"] = (Step(" ".join(manager), manager),)
     if (root / "Cargo.toml").is_file():
         found["rust"] = (Step("cargo test", ("cargo", "test")),)
     if (root / "go.mod").is_file():
@@ -178,11 +205,12 @@ def run(
     poll: Poll | None = None,
     log: Path | None = None,
     watch: Watch | None = None,
-    checks: Evidence | None = None,
+    checks: Checks | None = None,
 ) -> Run:
-    """Run each step in order under one shared deadline; stop at the first failure. Each step's output is
-    appended to `log` (what the runner kept of it: its per-stream tail) and its tail kept in the attempt.
-    With `checks`, every step but the repo's setup is judged on its runner's evidence too."""
+    """Run each step in order under one shared deadline; stop at the first failure (the base's own run
+    goes on past a test step that failed: its later steps' outcomes are the base's too). Each step's output
+    is appended to `log` (what the runner kept of it: its per-stream tail) and its tail kept in the attempt.
+    With `checks`, every step but the repo's setup is judged on its runners' evidence too."""
     attempts: list[Attempt] = []
     budget = timeout_s
     for i, step in enumerate(plan.steps):
@@ -193,29 +221,55 @@ def run(
                               watch=watch))
         budget -= ex.duration_s
         attempt = Attempt(step.label, ex.exit_code, ex.timed_out, ex.duration_s, _tail(ex.stdout, ex.stderr),
-                          ex.stdout_dropped + ex.stderr_dropped)
-        if checks is not None and not step.label.startswith(SETUP_LABEL) and not ex.killed_reason:
+                          ex.stdout_dropped + ex.stderr_dropped, argv=step.source or step.argv)
+        setup = step.label.startswith(SETUP_LABEL)
+        if checks is not None and not setup and not ex.killed_reason:
             attempt = _with_evidence(attempt, step, checks, ex.stdout, ex.stderr)
         attempts.append(attempt)
         if log is not None:
             _append_log(log, name, attempts[-1], ex.stdout, ex.stderr)
         if ex.killed_reason:
             return Run(attempts, ex.killed_reason)
-        if not attempts[-1].passed:
+        if not attempts[-1].passed and (setup or checks is None or not checks.observe or ex.timed_out):
             break
     return Run(attempts)
 
 
-def _with_evidence(attempt: Attempt, step: Step, checks: Evidence, stdout: bytes, stderr: bytes) -> Attempt:
-    """The step judged on what its runner reported. The step's own argv is the wrapped one (bwrap, the
-    Landlock helper), so the runner is told from the plan's argv tail: the unwrapped command ends it."""
+def _with_evidence(attempt: Attempt, step: Step, checks: Checks, stdout: bytes, stderr: bytes) -> Attempt:
+    """The step judged on what its runners reported. The step's own argv is the wrapped one (bwrap, the
+    Landlock helper), so the runner is told from the plan's argv: the unwrapped command."""
     argv = step.source or step.argv
-    found = evidence.collect(checks.instrument, argv, stdout, stderr)
-    verdict = judge(step.label, attempt.exit_code, found, evidence.expects(argv), root=checks.root,
-                    agent_code=checks.agent_code)
-    return dataclasses.replace(attempt, counts=found.counts() if found else None, failure=verdict.failure,
-                               risks=verdict.risks, ran_ids=found.ran_ids if found else frozenset(),
-                               item_ids=found.item_ids if found else frozenset())
+    base = checks.base.step(step.label) if checks.base is not None else None
+    if checks.observe:
+        found = evidence.collect(checks.instrument, None, stdout, stderr, checks.root)
+        for kind in runners.stdout_kinds(argv, checks.root):
+            ev = evidence.stdout_evidence(kind, stdout, stderr)
+            if ev is not None:
+                found[kind] = ev
+        tap = "tap" not in found and readers.valid_tap(stdout)
+        if tap:
+            found["tap"] = readers.read_tap(stdout)  # type: ignore[assignment]
+        return dataclasses.replace(attempt, found=found, counts=_counts(found), stdout_tap=tap)
+    expected = evidence.expects(argv)
+    kinds = base.kinds if base is not None and base.kinds else ((expected,) if expected else None)
+    found = evidence.collect(checks.instrument, kinds, stdout, stderr, checks.root)
+    verdict = judge(step.label, attempt.exit_code, found, base, expected=expected, rules=checks.rules,
+                    touched=checks.touched)
+    return dataclasses.replace(attempt, counts=_counts(found), failure=verdict.failure, risks=verdict.risks,
+                               compared=verdict.compared, explained=verdict.explained, found=found)
+
+
+def _counts(found: Mapping[str, readers.Evidence]) -> dict[str, object] | None:
+    """One step's counts: its one runner's, or every runner's summed (a `make test` that runs two)."""
+    if not found:
+        return None
+    evs = list(found.values())
+    if len(evs) == 1:
+        return evs[0].counts()
+    total: dict[str, object] = {"source": "+".join(sorted(found))}
+    for key in ("collected", "passed", "failed", "skipped", "errors", "xfailed", "deselected", "sessions", "ended"):
+        total[key] = sum(int(ev.counts()[key] or 0) for ev in evs)  # type: ignore[call-overload]
+    return total
 
 
 def _tail(stdout: bytes, stderr: bytes) -> str:

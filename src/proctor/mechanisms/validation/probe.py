@@ -41,6 +41,7 @@ NODE_PROBE = """
 const fs = require('fs'), path = require('path');
 const out = {self: null, entry: null, links: []};
 const name = process.argv[1];
+const skip = process.argv.slice(2);  // shared dirs: a link into one is the share's (a layer's entries)
 if (name) { try { out.self = fs.realpathSync(require.resolve(name, {paths: [process.cwd()]})); } catch (e) {} }
 try { out.entry = fs.realpathSync(require.resolve(process.cwd())); } catch (e) {}
 const nm = path.join(process.cwd(), 'node_modules');
@@ -49,7 +50,12 @@ function scan(dir, depth) {
   for (const e of ents) {
     const p = path.join(dir, e.name);
     if (e.name.startsWith('@') && e.isDirectory() && depth === 0) { scan(p, 1); continue; }
-    if (e.isSymbolicLink()) { try { out.links.push([p, fs.realpathSync(p)]); } catch (err) {} }
+    if (e.isSymbolicLink()) {
+      try {
+        const real = fs.realpathSync(p);
+        if (!skip.some(s => real === s || real.startsWith(s + path.sep))) out.links.push([p, real]);
+      } catch (err) {}
+    }
   }
 }
 scan(nm, 0);
@@ -71,7 +77,8 @@ def probes(jenv: JobEnvironment, env: Mapping[str, str]) -> list[tuple[str, list
     if jenv.node_package is not None or jenv.shares:
         node = shutil.which("node", path=path)
         if node and (jenv.checkout / "package.json").exists():
-            out.append(("node", [node, "-e", NODE_PROBE, jenv.node_package or ""]))
+            shared = [str(sh.source.resolve()) for sh in jenv.shares]
+            out.append(("node", [node, "-e", NODE_PROBE, jenv.node_package or "", *shared]))
     return out
 
 

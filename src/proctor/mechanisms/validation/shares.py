@@ -33,6 +33,17 @@ class Share:
     source: Path  # in the main checkout
     target: Path  # in the validated checkout
     lockfiles: tuple[str, ...] = ()
+    # A layer, not a mount: the target a directory of the job's own whose entries link to the source's
+    # (read-only through them), so what a runner writes at its top (vite's `.vite` and `.vite-temp`, babel's
+    # `.cache`) is the job's, over what the person's dir holds (issue 38: vitest failed with EROFS writing
+    # `node_modules/.vite` though 13 of 13 tests passed). The runner caches are copied in, so a warm one
+    # is reused and what the job writes never reaches another job.
+    layer: bool = False
+
+
+# node's runners write these at the top of node_modules; a layer copies them in (warm) up to CACHE_BYTES.
+NODE_CACHES = frozenset({".vite", ".vite-temp", ".cache", ".vitest"})
+CACHE_BYTES = 64 * 1024 * 1024
 
 
 def _same(a: Path, b: Path, name: str) -> bool | None:
@@ -97,12 +108,29 @@ def _dir_beneath(root: Path, rel: str) -> bool:
         os.close(fd)
 
 
+def _members(checkout: Path, main: Path) -> list[str]:
+    """The workspace packages' own node_modules dirs (one and two levels down: `packages/a/node_modules`)
+    the main checkout has, where the validated tree has that package: a pnpm or yarn workspace's member
+    runs its own `.bin` (issue 38: `vitest: not found` in a workspace member)."""
+    out = []
+    for pattern in ("*/node_modules", "*/*/node_modules"):
+        for d in sorted(main.glob(pattern))[:200]:
+            rel = d.relative_to(main).as_posix()
+            if "node_modules" in rel.split("/")[:-1] or rel.split("/")[0].startswith("."):
+                continue
+            if d.is_dir() and not d.is_symlink() and (checkout / rel).parent.joinpath("package.json").is_file():
+                out.append(rel)
+    return out
+
+
 def shares_for(checkout: Path, main: Path, cfg: RepoSettings) -> tuple[list[Share], list[str]]:
     """The main checkout's dirs shared into the validated tree `checkout`, and why each other wanted was not."""
     risks: list[str] = []
-    # Shares: configured, else autodetected (dirs the main checkout has that the tree lacks).
+    # Shares: configured, else autodetected (dirs the main checkout has that the tree lacks: the root's
+    # node_modules and its workspace packages').
+    root_modules = (main / "node_modules").is_dir()
     wanted = cfg.share if cfg.share is not None else tuple(
-        n for n in ("node_modules",) if (main / n).is_dir())
+        (["node_modules", *_members(checkout, main)] if root_modules else []))
     shares: list[Share] = []
     for rel in wanted:
         src, dst = main / rel, checkout / rel
@@ -118,13 +146,18 @@ def shares_for(checkout: Path, main: Path, cfg: RepoSettings) -> tuple[list[Shar
             continue
         names = LOCKFILES.get(Path(rel).name, ())
         if names:
+            # A member's dependencies are pinned by the workspace's lockfile at the root and its own manifest.
+            member = str(Path(rel).parent) if Path(rel).parent != Path(".") else ""
             ok, differ = lockfiles_unchanged(checkout, main, names)
+            if ok and member:
+                ok, differ = lockfiles_unchanged(checkout, main, (f"{member}/package.json",))
             if not ok:
                 why = (f"the lockfile changed ({', '.join(differ)})" if differ
                        else f"no lockfile ({', '.join(names[:3])}) pins it")
                 risks.append(f"{rel} of the main checkout not shared: {why}; validation runs without it")
                 continue
-        shares.append(Share(src, dst, tuple(n for n in names if (checkout / n).exists())))
+        shares.append(Share(src, dst, tuple(n for n in names if (checkout / n).exists()),
+                            layer=Path(rel).name == "node_modules"))
     return shares, risks
 
 
@@ -145,3 +178,52 @@ def copies_for(checkout: Path, main: Path, cfg: RepoSettings) -> tuple[list[tupl
             continue
         copies.append((main / rel, checkout / rel))
     return copies, risks
+
+
+def lay_layer(tree_fd: int, share: Share, rel: str) -> None:
+    """The layer of `share` at `rel` beneath the checkout: a directory of the job's, one symlink per entry
+    of the source (scoped `@org` dirs whole), the runner caches copied (when small) instead of linked.
+    Raises OSError (the caller says which share)."""
+    fd = beneath.makedirs(tree_fd, rel, 0o755)
+    try:
+        with os.scandir(share.source) as entries:
+            for e in entries:
+                if e.name in NODE_CACHES:
+                    if e.is_dir(follow_symlinks=False) and _size(Path(e.path)) <= CACHE_BYTES:
+                        _copy_tree(Path(e.path), fd, e.name)
+                    continue
+                os.symlink(e.path, e.name, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _size(root: Path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+            except OSError:
+                pass
+            if total > CACHE_BYTES:
+                return total
+    return total
+
+
+def _copy_tree(src: Path, parent_fd: int, name: str) -> None:
+    """A copy of a cache dir (regular files and dirs only; links are not followed nor copied)."""
+    os.mkdir(name, 0o755, dir_fd=parent_fd)
+    fd = beneath.open_beneath(parent_fd, name, beneath.DIR_FLAGS)
+    try:
+        with os.scandir(src) as entries:
+            for e in entries:
+                if e.is_dir(follow_symlinks=False):
+                    _copy_tree(Path(e.path), fd, e.name)
+                elif e.is_file(follow_symlinks=False):
+                    with open(e.path, "rb") as fh:
+                        data = fh.read(CACHE_BYTES)
+                    out = os.open(e.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=fd)
+                    with os.fdopen(out, "wb") as w:
+                        w.write(data)
+    finally:
+        os.close(fd)

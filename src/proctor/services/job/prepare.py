@@ -19,7 +19,8 @@ from proctor.mechanisms.process.local import Limited, ProcessRunner
 from proctor.mechanisms.process.spawn import Spawn
 from proctor.mechanisms.validation import environment
 from proctor.mechanisms.validation import plan as vplan
-from proctor.services.job import gate
+from proctor.mechanisms.evidence.baseline import Baseline
+from proctor.services.job import baseline, gate
 from proctor.services.job.admit import Admitted
 from proctor.services.job.agent_version import VERSION_TIMEOUT_S, agent_version, executable, inside
 from proctor.services.job.boundary import confine_agent, hide_holdout, hide_home, main_repo, without_credentials
@@ -40,6 +41,7 @@ class Prepared:
     agent_env: dict[str, str]
     env: dict[str, str]
     runner: Limited
+    baseline: Baseline | None = None  # the base's own run of the plan, every test's outcome by id
 
 
 def prepare(job: Job, admitted: Admitted, result: RunAgentResult) -> Prepared | None:
@@ -90,10 +92,16 @@ def prepare(job: Job, admitted: Admitted, result: RunAgentResult) -> Prepared | 
     # stop switch is read once more by the runner, as the last thing before each spawn.
     limited = Limited(job.runner, job.limits, (wt.path, job.agent_tmp))
     job.settings = _repo_settings(job, repo_settings)
+    plan = baseline.plan_of(job, plan)
     if job.settings is not None and job.settings.setup:
         _setup(job, wt, limited, env, result)
         job.risks.extend(setup_links(wt))
-    return Prepared(wt, plan, cplan, agent_env, env, limited)
+    # Last before the agent: the base proven runnable in validation's own environment (after setup, which
+    # may warm what validation reads), or the job ends here with the cause and nothing launched.
+    base = baseline.baseline(job, wt, plan, env, result)
+    if isinstance(base, baseline.NotRunnable):
+        return None
+    return Prepared(wt, plan, cplan, agent_env, env, limited, base)
 
 
 def setup_links(wt: worktree.Worktree) -> list[str]:

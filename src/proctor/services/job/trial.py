@@ -1,22 +1,27 @@
 """One validation run of a tree in the job's work directory: the tree made there (a throw-away `.git`,
 the held-out tests laid in, bytecode gone), the job's environment mirroring the developer's, the evidence
-reporter laid out, every step wrapped in the agent's confinement minus the network. It reports what ran;
-what that means is the judge's."""
+hooks laid out, every step wrapped in the agent's confinement minus the network. It reports what ran;
+what that means is the judge's. The base's own run (before the agent) and the job's runs are the same
+run of different trees: one environment, one confinement, one way of reading the runners."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from proctor.contract import RunAgentResult
 from proctor.mechanisms import confine
 from proctor.mechanisms.evidence import holdout as held
+from proctor.mechanisms.evidence.baseline import Baseline
+from proctor.mechanisms.evidence.compare import Rules
 from proctor.mechanisms.evidence.instrument import instrument, strip_bytecode
 from proctor.mechanisms.git import landing, worktree
 from proctor.mechanisms.git.materialise import materialise
 from proctor.mechanisms.git.vouch import GITLINK as GITLINK_MODE
 from proctor.mechanisms.process.spawn import Spawn
-from proctor.mechanisms.validation import environment
+from proctor.home import proctor_home
+from proctor.mechanisms.validation import caches, environment
 from proctor.mechanisms.validation import plan as vplan
 from proctor.mechanisms.validation import probe
 from proctor.mechanisms.validation.job_environment import JobEnvironment
@@ -24,43 +29,83 @@ from proctor.services.job.boundary import hide_home, main_repo
 from proctor.services.job.context import Job
 from proctor.services.job.record import validation_log
 
+Make = Callable[[], "worktree.Failure | None"]
+
 
 @dataclasses.dataclass(frozen=True)
 class Trial:
-    """What one run validates: the job's `tree` (None: the one already in the work directory, the job's
-    own), with `holdout` laid in; `name` keeps its tmp and evidence apart from the job's other runs."""
+    """What one run validates: `make` puts the tree in the work directory (with its throw-away `.git`),
+    `paths` are the tree's entries when the host knows them (no walk for bytecode then), `holdout` is laid
+    in; `name` keeps its tmp and evidence apart from the job's other runs. `base`: the base's own run to hold
+    each step to; `observe`: this is the base's own run; `select`: pytest ids to run alone (a failure run
+    again)."""
 
     wt: worktree.Worktree
-    landed: landing.Landing
     plan: vplan.Plan
     env: dict[str, str]
     name: str
-    tree: str | None
+    make: Make
+    paths: Callable[[], Iterable[str] | None] = lambda: None
     holdout: tuple[str, ...] = ()
-    collect_only: bool = False
+    base: Baseline | None = None
+    rules: Rules = Rules()
+    touched: Callable[[str, str | None], bool] = lambda tid, file: False
+    observe: bool = False
+    select: tuple[str, ...] | None = None
+    first: bool = False  # the job's first run of its own tree: the environment's risks and the probe are had here
+    seed: str | None = None  # the baseline's key: its build caches are laid in (proctor.mechanisms.validation.caches)
+    keep_seed: bool = False  # the base's own (confined) run: its build caches are kept for the runs after it
+
+
+def job_tree(job: Job, wt: worktree.Worktree, landed: landing.Landing, tree: str | None) -> Make:
+    """The job's `tree` (None: the one already in the work directory, the job's own) in the work dir."""
+    def make() -> worktree.Failure | None:
+        made = (materialise(job.work, landed.git_dir, tree, landed.index, known=landed.known)
+                if tree is not None else None)
+        return made or landing.scratch_git_dir(job.work, landed, wt, landed.index)
+    return make
+
+
+def tree_paths(landed: landing.Landing) -> Callable[[], Iterable[str] | None]:
+    def paths() -> Iterable[str] | None:
+        known = landed.known  # the work dir is exactly its tree now, when the host knows it (no walk then)
+        return None if known is None or known.lost else (p for p, m in known.modes.items() if m != GITLINK_MODE)
+    return paths
+
+
+def fresh_base(job: Job, wt: worktree.Worktree) -> Make:
+    """The base, checked out fresh in the work dir before the agent runs (the dir must not be there: it is
+    the agent's once it exits, and is removed after the base's run)."""
+    def make() -> worktree.Failure | None:
+        try:
+            job.work.mkdir(0o700)
+        except OSError as exc:
+            return worktree.Failure(f"cannot make {job.work}: {exc}")
+        gd = job.work / ".git"
+        return (worktree.init_git_dir(job.work, wt.repo, wt.branch) or worktree.set_ref(gd, f"refs/heads/{wt.branch}",
+                                                                                       wt.base_sha)
+                or worktree.checkout(gd, job.work, wt.base_sha))
+    return make
 
 
 def run(job: Job, trial: Trial, result: RunAgentResult | None) -> vplan.Run | None:
-    """One validation in the work directory, made `tree` first (when not the job's own, already there),
-    with a throw-away `.git`; the job's git dir (at the review path) is read-only to it. The job's
-    environment (proctor.mechanisms.validation.environment) mirrors the developer's: the repo's keys from
-    config and the base's `.proctor.toml`, a private HOME and caches, the validated tree's code first on
-    the import path, the main checkout's dependency dirs shared read-only; a probe in that environment says
-    where the code under test resolves, and one outside the validated tree is a risk. The held-out tests
-    are laid in last; `result` (the first run's) is told how many. Network: none, setup included. Setup
-    that needs the registries ran before the agent, on the base's files (code the agent wrote never has a
-    network). None (and a risk) when it could not run."""
-    wt, landed, name = trial.wt, trial.landed, trial.name
+    """One validation in the work directory, made the trial's tree first, with a throw-away `.git`; the
+    job's git dir (at the review path) is read-only to it. The job's environment
+    (proctor.mechanisms.validation.environment) mirrors the developer's: the repo's keys from config and the
+    base's `.proctor.toml`, a private HOME and caches, the validated tree's code first on the import path, the
+    main checkout's dependency dirs shared read-only; on the job's first run a probe in that environment says
+    where the code under test resolves, and one outside the validated tree is a risk. The held-out tests are
+    laid in last; `result` (the first run's) is told how many. Network: none, setup included. Setup that needs
+    the registries ran before the agent, on the base's files (code the agent wrote never has a network).
+    None (and a risk) when it could not run."""
+    wt, name = trial.wt, trial.name
     tmpdir = job.host_tmp / f"{name}-tmp"
-    made = (materialise(job.work, landed.git_dir, trial.tree, landed.index, known=landed.known)
-            if trial.tree is not None else None) or landing.scratch_git_dir(job.work, landed, wt, landed.index)
+    made = trial.make()
     if made is not None:
         job.risks.append(f"validation not run: {made.reason}")
         return None
-    known = landed.known  # the work dir is exactly its tree now, when the host knows it (no walk then)
     try:
-        strip_bytecode(job.work, None if known is None or known.lost else
-                       (p for p, m in known.modes.items() if m != GITLINK_MODE))
+        strip_bytecode(job.work, trial.paths())
     except OSError as exc:
         job.risks.append(f"validation not run: the tree's bytecode could not be removed: {exc}")
         return None
@@ -71,7 +116,6 @@ def run(job: Job, trial: Trial, result: RunAgentResult | None) -> vplan.Run | No
             return vplan.Run([vplan.Attempt("held-out tests", None, False, failure=laid)])
         if result is not None:
             result.holdout = laid.record()
-    first = name == "validate"  # the frozen run has the same environment: its risks are said once
     cfg = job.settings
     bind = job.confiner is not None and "bwrap" in job.confiner.name
     jenv = environment.prepare(job.work, wt.repo.path, trial.plan, cfg, tmp=tmpdir, env=trial.env, bind=bind)
@@ -79,7 +123,12 @@ def run(job: Job, trial: Trial, result: RunAgentResult | None) -> vplan.Run | No
     if failure is not None:
         job.risks.append(f"validation not run: {failure}")
         return None
-    if first:
+    seeds = caches.Seeds(proctor_home() / "caches")
+    if trial.seed and not trial.keep_seed:
+        for var in caches.SEEDED:
+            if var in jenv.env:
+                seeds.lay(trial.seed, var, Path(jenv.env[var]))
+    if trial.first:  # every run has the same environment: its risks are said once
         job.risks.extend(jenv.risks)
         if jenv.shares and (job.confiner is None or job.confiner.name == "none"):
             job.risks.append("validation ran unconfined with the main checkout's "
@@ -88,16 +137,23 @@ def run(job: Job, trial: Trial, result: RunAgentResult | None) -> vplan.Run | No
                           job_id=job.job_id)
     plan = environment.plan_for(trial.plan, cfg, given=bool(job.request.validate_command))
     readonly = (*main_repo(wt), wt.path, *jenv.readonly)
-    return _run_in(job, plan, jenv, readonly, tmpdir, trial, first, frozenset(landed.changed))
+    run = _run_in(job, plan, jenv, readonly, tmpdir, trial)
+    if run is not None and trial.seed and trial.keep_seed and not run.killed_reason:
+        for var in caches.SEEDED:
+            if var in jenv.env:
+                why = seeds.keep(trial.seed, var, Path(jenv.env[var]))
+                if why:
+                    job.risks.append(f"{why}: each job's validation builds it cold")
+    return run
 
 
 def _run_in(job: Job, plan: vplan.Plan, jenv: JobEnvironment, readonly: tuple[Path, ...],
-            tmpdir: Path, trial: Trial, first: bool, changed: frozenset[str]) -> vplan.Run | None:
-    # The evidence plugin sits in a host-owned dir the sandbox sees read-only at the same path; what it
-    # reports goes to the run's private tmp (proctor.mechanisms.evidence.instrument says why env, not argv).
-    run_env = {**trial.env, **jenv.env}
+            tmpdir: Path, trial: Trial) -> vplan.Run | None:
+    # The evidence hooks sit in a host-owned dir the sandbox sees read-only at the same path; what they
+    # report goes to the run's private tmp (proctor.mechanisms.evidence.instrument says why env, not argv).
+    base_env = {**trial.env, **jenv.env}
     try:
-        inst = instrument(job.host_tmp / f"{trial.name}-evidence", tmpdir, run_env)
+        inst = instrument(job.host_tmp / f"{trial.name}-evidence", tmpdir, base_env, select=trial.select)
     except OSError as exc:
         job.risks.append(f"validation not run: its evidence reporter could not be laid out: {exc}")
         return None
@@ -105,17 +161,18 @@ def _run_in(job: Job, plan: vplan.Plan, jenv: JobEnvironment, readonly: tuple[Pa
     confined = _confined(job, plan, job.work, readonly, tmpdir, binds)
     if confined is None:
         return None
-    run_env = {**run_env, **inst.env, "TMPDIR": str(tmpdir)}
-    if trial.collect_only:
-        run_env["PYTEST_ADDOPTS"] += " --collect-only"
-    checks = vplan.Evidence.of_change(inst, job.work, changed)
-    if first:
+    run_env = {**base_env, **inst.env, "TMPDIR": str(tmpdir)}
+    checks = vplan.Checks(inst, job.work, trial.base, trial.rules, trial.touched, trial.observe)
+    if trial.first:
         def run_probe(argv: list[str]) -> tuple[int | None, bytes]:
             wrapped = _confined(job, vplan.Plan((vplan.Step("probe", tuple(argv)),)), job.work, readonly, tmpdir,
                                 jenv.ro_binds)
             if wrapped is None:
                 return None, b""
-            ex = job.runner.run(Spawn(argv=wrapped.steps[0].argv, cwd=job.work, env=run_env, deadline_s=60,
+            # The probe runs without the evidence hooks (their dir is not shown to it): it asks Python and
+            # node where a name resolves, and reports nothing of a test run.
+            ex = job.runner.run(Spawn(argv=wrapped.steps[0].argv, cwd=job.work,
+                                      env={**base_env, "TMPDIR": str(tmpdir)}, deadline_s=60,
                                       name=f"probe-{job.job_id}", poll=job.poll, tail_bytes=64_000))
             return ex.exit_code, ex.stdout
 
@@ -134,7 +191,7 @@ def _confined(job: Job, plan: vplan.Plan, checkout: Path, readonly: tuple[Path, 
     confinement in a checkout of its own, minus the network and the CLI's state dirs, with the review
     checkout read-only; its setup steps too (a setup script the agent rewrote sent `.env` to a listener
     through the registry proxy, found in review). `ro_binds` are the job environment's read-only shares
-    (proctor.mechanisms.validation.environment) and the evidence plugin's dir. None (and a risk) when it
+    (proctor.mechanisms.validation.environment) and the evidence hooks' dir. None (and a risk) when it
     cannot be had."""
     roots = confine.job_roots(checkout, tmpdir, readonly=readonly, network=False)
     if not isinstance(roots, confine.Unavailable) and ro_binds:

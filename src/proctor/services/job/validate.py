@@ -1,20 +1,24 @@
 """Validation: exactly the tree that would land, checked by the host with the base's recipe and the tests
-the agent never saw, each test step judged on its runner's per-test evidence, not its exit code alone;
-with test-defining files touched, once more with the base's versions of those; every test the base defines
-held against what ran. The agent's word on its tests decides nothing here."""
+the agent never saw, each test step held test by test to the base's own run of it (the baseline, run
+before the agent): a test that passed on the base and does not pass now fails it, whatever raised it; a
+failure is run again on both trees before it counts; what failed on the base already is pre-existing. With
+test-defining files touched, once more with the base's versions of those: pass-to-pass judged with the
+base's tests, whose failure there is a risk (the task may have been to change a test). The agent's word on
+its tests decides nothing here."""
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from proctor.contract import Code, RunAgentResult, Status
-from proctor.home import proctor_home
 from proctor.mechanisms.evidence import holdout as held
 from proctor.mechanisms.evidence import recipe
+from proctor.mechanisms.evidence.compare import Rules
+from proctor.mechanisms.evidence.readers import PASSING
+from proctor.mechanisms.evidence.verdict import judge as judge_step
 from proctor.mechanisms.git import frozen, landing, worktree
+from proctor.mechanisms.git.materialise import materialise
 from proctor.mechanisms.validation import plan as vplan
 from proctor.services.job import judge, trial
 from proctor.services.job.boundary import holdout
@@ -27,20 +31,15 @@ def validate(job: Job, prepared: Prepared, landed: landing.Landing, touched: lis
     """Validate exactly the tree that would land, with the base's recipe: the work directory made the
     job's commit (ignored files the agent left are gone) with the base's version of every recipe file the
     agent changed (proctor.mechanisms.evidence.recipe) and the held-out tests laid in; with test-defining
-    files touched, once more with the base's versions of those too, whose failure is a risk (the task may
-    have been to change a test). Each test step is judged on its runner's evidence, not its exit code alone.
-    True once anything was put in, or ran in, the work directory: the review checkout is made again then."""
+    files touched, once more with the base's versions of those too. True once anything was put in, or ran
+    in, the work directory: the review checkout is made again then."""
     wt, plan = prepared.wt, prepared.plan
-    if not plan.steps and job.settings is not None and job.settings.validate:
-        # The repo's configured `validate` counts where autodetection found nothing (issue 24: it was
-        # "validation skipped"); read from config and the base's committed file, never the agent's copy.
-        plan = vplan.given(job.settings.validate)
     if not plan.steps:
         job.risks.append(plan.skipped_reason or "validation skipped")
         return False
     cfg = job.settings
-    commands = [c for c in (job.request.validate_command or (cfg.validate if cfg else None), *(cfg.setup if cfg else ()))
-                if c]
+    given_cmd = job.request.validate_command or (cfg.validate if cfg else None)
+    commands = [c for c in (given_cmd, *(cfg.setup if cfg else ())) if c]
     recipe_changed = recipe.recipe_changes(commands, landed.changed, recipe.runner_of(s.argv for s in plan.steps))
     if recipe_changed:
         job.risks.append(f"the agent changed the validation recipe ({names(recipe_changed)}): validation ran the "
@@ -55,69 +54,117 @@ def validate(job: Job, prepared: Prepared, landed: landing.Landing, touched: lis
     tree = _tree_with_base(job, landed, recipe_changed, "recipe")
     if isinstance(tree, worktree.Failure):
         return False
-    given = trial.Trial(wt, landed, plan, prepared.env, "validate", tree, hidden)
+    changed_tests = frozenset(touched)
+
+    def touched_file(tid: str, file: str | None) -> bool:
+        # A test whose own file the agent changed is judged with the base's version of that file, in the
+        # run below; a runner that names no file leaves it to that run whenever any test file changed.
+        return bool(changed_tests) and (file in changed_tests if file else True)
+
+    given = trial.Trial(wt, plan, prepared.env, "validate", trial.job_tree(job, wt, landed, tree),
+                        paths=trial.tree_paths(landed), holdout=hidden, base=prepared.baseline,
+                        rules=_rules(job, hidden), touched=touched_file, first=True,
+                        seed=prepared.baseline.key if prepared.baseline is not None else None)
     run = trial.run(job, given, result)
-    if run is None or judge.run(job, run, result, ""):
+    if run is None:
         return True
-    if _base_tests_missing(job, given, run, result, touched):
+    run = _again(job, given, landed, run)
+    if judge.run(job, run, result, ""):
         return True
     if touched:
         job.progress.phase("validating with the base's test files")
         tree = _tree_with_base(job, landed, sorted({*touched, *recipe_changed}), "frozen")
         if isinstance(tree, worktree.Failure):
             return True
-        run = trial.run(job, dataclasses.replace(given, name="frozen", tree=tree), None)
+        base_files = dataclasses.replace(given, name="frozen", make=trial.job_tree(job, wt, landed, tree),
+                                         first=False, touched=lambda tid, file: False)
+        run = trial.run(job, base_files, None)
         if run is not None:
-            judge.run(job, run, result, " (with the base's test files)")
+            judge.run(job, _again(job, base_files, landed, run), result, " (with the base's test files)")
     return True
 
 
-def _base_tests_missing(job: Job, given: trial.Trial, run: vplan.Run, result: RunAgentResult,
-                        touched: list[str]) -> bool:
-    """Every test the base defines ran (pytest): the base's tree collected once (`--collect-only`, cached by
-    base commit and recipe), held against the node ids the job's run reported. A base test that is missing
-    while the agent changed no test-defining file fails validation (True): the code under test made it go
-    (a parametrize list emptied from the library); with test files changed it is a risk naming them."""
-    if not any(a.counts and a.counts.get("source") == "pytest" for a in run.attempts):
-        return False
-    base = _base_tests(job, given)
-    if not base:
-        return False
-    ran = frozenset().union(*(a.ran_ids for a in run.attempts))
-    # A held-out file laid over a visible one replaces its tests: those are the held-out file's to define.
-    held_paths = {rel for d in given.holdout for rel in held.held_files(Path(d))}
-    missing = sorted(t for t in base - ran if t.split("::", 1)[0] not in held_paths)
-    if not missing:
-        return False
-    what = f"{len(missing)} of the base's {len(base)} tests did not run: {names(missing)}"
-    if touched:
-        job.risks.append(f"{what} (the agent changed files that define the tests)")
-        return False
-    result.status, result.code = Status.failed, Code.VALIDATION_FAILED
-    job.risks.append(f"validation failed: {what}, and the agent changed no file that defines the tests")
-    return True
+def _rules(job: Job, hidden: tuple[str, ...]) -> Rules:
+    cfg = job.settings
+    held_paths = [rel for d in hidden for rel in held.held_files(Path(d))]
+    return Rules(must_pass=frozenset([*(job.request.must_pass or ()), *(cfg.must_pass if cfg else ())]),
+                 known=frozenset(cfg.flaky if cfg else ()), held=_held(held_paths))
 
 
-def _base_tests(job: Job, given: trial.Trial) -> frozenset[str] | None:
-    cfg, landed = job.settings, given.landed
-    key = hashlib.sha256(json.dumps([landed.base_sha, [s.argv for s in given.plan.steps],
-                                     dataclasses.asdict(cfg) if cfg else None], default=str).encode()).hexdigest()
-    cache = proctor_home() / "baselines" / f"{key}.json"
-    try:
-        return frozenset(json.loads(cache.read_text()))
-    except (OSError, ValueError):
-        pass
-    job.progress.phase("collecting the base's tests")
-    run = trial.run(job, dataclasses.replace(given, name="base", tree=landed.base_sha, holdout=(),
-                                             collect_only=True), None)
-    ids = frozenset().union(*(a.item_ids for a in run.attempts)) if run is not None else frozenset()
-    if ids:
-        try:
-            cache.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            cache.write_text(json.dumps(sorted(ids)))
-        except OSError:
-            pass  # uncached, the next job collects again
-    return ids or None
+def _held(paths: list[str]):  # noqa: ANN202 - a predicate over test ids
+    """A test id defined by a held-out file: pytest's `path::name`, jest's `path > name`, unittest's
+    `dotted.module.Class.test` (a held-out file laid over a visible one defines that test now)."""
+    prefixes = tuple(p + sep for p in paths for sep in ("::", " > "))
+    dotted = tuple(PurePosixPath(p).with_suffix("").as_posix().replace("/", ".") + "." for p in paths
+                   if p.endswith(".py"))
+    exact = frozenset(paths)
+    return lambda tid: tid in exact or tid.startswith(prefixes) or tid.startswith(dotted)
+
+
+def _again(job: Job, given: trial.Trial, landed: landing.Landing, run: vplan.Run) -> vplan.Run:
+    """Flaky tests are real: a step failed by tests that passed on the base has them run again, on the
+    job's tree and on the base's. One that passes on the job's second run was flaky there (a risk, not a
+    failure); one that fails twice on the job's tree and passes on the base's is broken; one that fails on
+    both trees stays a risk (never made pre-existing for later jobs: the baseline is not changed), unless
+    config lists it as known (`flaky`)."""
+    base = given.base
+    broken = sorted({t for a in run.attempts if a.failure and a.compared is not None for t in a.compared.broken
+                     if not given.touched(t, None if not a.found else _file(a, t))})
+    if base is None or not broken or run.killed_reason:
+        return run
+    job.progress.phase(f"running {len(broken)} failing test(s) again on both trees")
+    select = tuple(broken) if all("::" in t for t in broken) else None  # pytest ids: only those run again
+    again = trial.run(job, dataclasses.replace(given, name="again", first=False, observe=True, select=select), None)
+    on_base = trial.run(job, trial.Trial(given.wt, given.plan, given.env, "again-base", _base_again(job, given.wt,
+                                                                                                  landed),
+                                         paths=trial.tree_paths(landed), observe=True, select=select,
+                                         seed=given.seed), None)
+    if again is None or on_base is None or again.killed_reason or on_base.killed_reason:
+        return run
+    job_now, base_now = _outcomes(again), _outcomes(on_base)
+    flaky = [t for t in broken if job_now.get(t) in PASSING]
+    # Fails on the base when run again: an outcome the base's second run gave, and not a pass. A test the
+    # second base run did not report stays broken: nothing says the base fails it.
+    both = [t for t in broken if job_now.get(t) not in PASSING and base_now.get(t) is not None
+            and base_now.get(t) not in PASSING]
+    known = frozenset(given.rules.known | set(flaky) | set(both))
+    if flaky:
+        job.risks.append(f"{len(flaky)} test(s) failed, then passed when run again on the job's tree (flaky?): "
+                         f"{names(flaky)}")
+    if both:
+        job.risks.append(f"{len(both)} test(s) that passed on the base fail on the job's tree and, run again, "
+                         f"on the base's too (flaky, or the machine's; config `flaky` lists known ones): {names(both)}")
+    rules = dataclasses.replace(given.rules, known=known)
+    out = []
+    for a in run.attempts:
+        if a.compared is None or not a.failure:
+            out.append(a)
+            continue
+        step = base.step(a.label)
+        verdict = judge_step(a.label, a.exit_code, a.found, step, rules=rules, touched=given.touched)
+        out.append(dataclasses.replace(a, failure=verdict.failure, risks=verdict.risks, compared=verdict.compared,
+                                       explained=verdict.explained))
+    return vplan.Run(out, run.killed_reason)
+
+
+def _file(a: vplan.Attempt, tid: str) -> str | None:
+    return next((ev.files.get(tid) for ev in a.found.values() if tid in ev.files), None)
+
+
+def _outcomes(run: vplan.Run) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for a in run.attempts:
+        for ev in a.found.values():
+            out.update(ev.tests)
+    return out
+
+
+def _base_again(job: Job, wt: worktree.Worktree, landed: landing.Landing) -> trial.Make:
+    """The base's tree in the work dir again (after the job's ran there), from the job's git dir."""
+    def make() -> worktree.Failure | None:
+        return (materialise(job.work, landed.git_dir, landed.base_sha, landed.index, known=landed.known)
+                or landing.scratch_git_dir(job.work, landed, wt, landed.index))
+    return make
 
 
 def _tree_with_base(job: Job, landed: landing.Landing, paths: list[str], what: str) -> str | None | worktree.Failure:
@@ -128,4 +175,3 @@ def _tree_with_base(job: Job, landed: landing.Landing, paths: list[str], what: s
     if isinstance(tree, worktree.Failure):
         job.risks.append(f"validation not run: the tree with the base's {what} files was not built: {tree.reason}")
     return tree
-

@@ -15,6 +15,7 @@ import click
 # command -> the module under proctor.surfaces.cli that registers it (tests check the two agree).
 COMMANDS = {
     "adapters": "adapters",
+    "doctor": "doctor",
     "run-request": "commands",
     "keys": "keys",
     "mcp": "mcp",

@@ -32,7 +32,7 @@ EXIT_CANCELLED = 130
 FLAGS = {"agent": "--agent", "task": "--task", "repo": "--repo", "ticket": "--ticket", "branch": "--branch",
          "mode": "--mode", "timeoutSec": "--timeout", "timeout_sec": "--timeout", "validateCommand": "--validate-cmd",
          "validate_command": "--validate-cmd", "confine": "--confine", "taskDecl": "--task-decl",
-         "task_decl": "--task-decl"}
+         "task_decl": "--task-decl", "mustPass": "--must-pass", "must_pass": "--must-pass"}
 REQUIRED = {"task": "--task or --task-file"}
 
 
@@ -134,8 +134,10 @@ def emit(result: RunAgentResult, progress: RichProgress | NullProgress | None = 
               "$PROCTOR_HOME is ~/.proctor unless set).")
 @click.option("--task-decl", "task_decl", help="A declared task (JSON, as check-task reads it) every tool call of "
                                                "the agent's CLI is decided against (default: derived from the job).")
+@click.option("--must-pass", "must_pass", multiple=True, help="A test id (as its runner names it: "
+              "tests/test_x.py::test_y) that must pass whatever the base did; repeatable.")
 def run_agent_cmd(agent, task, task_file, repo, ticket, branch, mode, timeout, validate_cmd, confine, config_file,
-                  task_decl) -> None:
+                  task_decl, must_pass) -> None:
     """Have an agent do a task in a fresh worktree; print the v1 result JSON (exit 0 only if completed,
     130 when SIGINT or SIGTERM cancelled it)."""
     start = time.monotonic()
@@ -146,6 +148,8 @@ def run_agent_cmd(agent, task, task_file, repo, ticket, branch, mode, timeout, v
                  "branch": branch, "mode": mode, "validateCommand": validate_cmd, "confine": confine}
     if timeout is not None:
         raw["timeoutSec"] = timeout
+    if must_pass:
+        raw["mustPass"] = list(must_pass)
     if task is not None and task_file is not None:
         emit(refused(raw, ["invalid request: give --task or --task-file, not both"], Code.INVALID_REQUEST, start))
     if task_file is not None:

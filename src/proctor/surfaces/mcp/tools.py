@@ -139,7 +139,7 @@ TOOLS: dict[str, ToolDef] = {t.name: t for t in (
             "worktree of a git repo, confined; the host validates and judges the result. Returns the job id at "
             "once; follow it with job_status, or job_result with wait_s (progress notifications while it waits). "
             "The request is the run_agent v1 contract: agent, task, repo (absolute), ticket, and optional branch, "
-            "mode, timeoutSec, validateCommand, confine, taskDecl.",
+            "mode, timeoutSec, validateCommand, confine, taskDecl, mustPass (test ids that must pass).",
             RunAgentRequest,
             types.ToolAnnotations(title="Start an agent job", read_only_hint=False, destructive_hint=False,
                                   idempotent_hint=False, open_world_hint=True),
