@@ -358,4 +358,79 @@ def test_the_comparison_by_id():
     known = compare(base, job, Rules(known=frozenset({"c", "f"})))
     assert known.broken == ("d",) and known.known == ("c", "f")
     held = compare({"t.py::x": "passed"}, {"t.py::x": "failed"}, Rules(held=lambda t: t.startswith("t.py::")))
-    assert held.broken == () and held.must == ("t.py::x",)
+    assert held.broken == () and held.must == () and held.new == {}  # judged in the held-out run
+
+
+# -- found in review: each a way the comparison misjudged, beside its control ---------------------------------
+
+@needs_confinement
+def test_a_project_that_makes_warnings_errors_still_runs_with_the_hooks(tmp_path):
+    """The unittest hook is its own module: importing the pytest plugin at start-up made pytest warn that it
+    could not rewrite it, which `filterwarnings = error` turned into a crash of every run."""
+    files = {**SKIP_REPO, "pyproject.toml": SKIP_REPO["pyproject.toml"] + '\n[tool.pytest.ini_options]\n'
+                                                                            'filterwarnings = ["error"]\n'}
+    repo = make_repo(tmp_path, files)
+    res = job(repo, tmp_path / "job", write("calc.py", "def add(a, b):\n    return b + a\n"))
+    assert res.status is Status.completed and not res.needs_human_review, (res.known_risks, res.summary)
+
+
+@needs_confinement
+def test_the_same_test_id_in_two_pytest_sessions_stays_two_tests(tmp_path):
+    """A monorepo whose recipe runs pytest in each package: both name `tests/test_x.py::test_x`. Breaking one
+    fails the job (control: the honest change in both passes)."""
+    files = {"Makefile": "test:\n\tcd a && python -m pytest -q\n\tcd b && python -m pytest -q\n"}
+    for pkg in ("a", "b"):
+        files[f"{pkg}/pyproject.toml"] = f'[project]\nname = "{pkg}"\nversion = "0"\n'
+        files[f"{pkg}/lib.py"] = "def f():\n    return 1\n"
+        files[f"{pkg}/tests/test_x.py"] = "from lib import f\n\n\ndef test_x():\n    assert f() == 1\n"
+    repo = make_repo(tmp_path, files)
+    broken = job(repo, tmp_path / "broken", write("a/lib.py", "def f():\n    return 2\n"))
+    assert broken.status is Status.failed and any("a/tests/test_x.py::test_x" in r for r in broken.known_risks), \
+        broken.known_risks
+    ok = job(repo, tmp_path / "ok", write("a/lib.py", "def f():\n    return 0 + 1\n"))
+    assert ok.status is Status.completed and not ok.needs_human_review, ok.known_risks
+
+
+@needs_confinement
+def test_a_test_id_holding_the_checkouts_path_matches_the_kept_baseline(tmp_path):
+    """A test parametrized over its own files carries the checkout's path in its id; the kept baseline was
+    run in another job's checkout. The path is taken out of ids: the second job matches the first's."""
+    files = {**SKIP_REPO, "tests/data/one.txt": "1\n", "tests/test_files.py": (
+        "import glob, os, pytest\n\nHERE = os.path.dirname(__file__)\n\n\n"
+        "@pytest.mark.parametrize('path', sorted(glob.glob(os.path.join(HERE, 'data', '*.txt'))))\n"
+        "def test_file(path):\n    assert open(path).read() == '1\\n'\n")}
+    repo = make_repo(tmp_path, files)
+    first = job(repo, tmp_path / "a", write("notes.txt", "a\n"))
+    second = job(repo, tmp_path / "b", write("notes.txt", "b\n"))
+    assert second.baseline["source"] == "cached", second.baseline
+    assert second.status is Status.completed and not second.needs_human_review, second.known_risks
+    assert first.status is Status.completed
+
+
+@needs_confinement
+def test_a_unittest_run_inside_a_pytest_test_is_not_a_session_of_its_own(tmp_path):
+    """Testing test tooling: a pytest test runs a unittest suite that fails on purpose. Its failures are that
+    test's business, never the repo's pre-existing failures."""
+    inner = ("import unittest\n\n\nclass Inner(unittest.TestCase):\n    __test__ = False\n\n"
+             "    def test_fails(self):\n        self.fail('on purpose')\n\n\n"
+             "def test_runs_a_failing_suite():\n    suite = unittest.defaultTestLoader.loadTestsFromTestCase(Inner)\n"
+             "    result = unittest.TextTestRunner(stream=open('/dev/null', 'w')).run(suite)\n"
+             "    assert len(result.failures) == 1\n")
+    files = {**SKIP_REPO, "tests/test_tooling.py": inner, "tests/conftest.py": "collect_ignore_glob = []\n"}
+    repo = make_repo(tmp_path, files)
+    res = job(repo, tmp_path / "job", write("calc.py", "def add(a, b):\n    return b + a\n"))
+    assert res.status is Status.completed and not res.needs_human_review, res.known_risks
+    assert res.baseline["steps"][0]["evidence"] == ["pytest"], res.baseline
+
+
+def test_node_reports_are_read_capped_and_only_when_asked(tmp_path):
+    from proctor.mechanisms.evidence import instrument
+
+    inst = instrument.instrument(tmp_path / "plugin", tmp_path / "out", {})
+    for i in range(8):  # sparse: no disk, and a flood of memory if read whole
+        with open(inst.node_dir / f"jest-{i}.json", "wb") as fh:
+            fh.truncate(32 * 1024 * 1024)
+    assert instrument.collect(inst, ("pytest",), b"", b"", tmp_path) == {}  # not asked: not read
+    found = instrument.collect(inst, None, b"", b"", tmp_path)
+    ev = found["jest"]
+    assert ev.ended == 0 and len(ev.problems) == 8, ev  # capped reads are not JSON, and said so

@@ -154,8 +154,9 @@ def test_python_src_layout_editable_in_the_active_venv(active_venv, tmp_path):
 
 def test_python_package_resolving_outside_the_tree_needs_review(active_venv, tmp_path):
     """A legacy editable install (`setup.py develop`'s easy-install.pth) puts the main checkout ahead of
-    PYTHONPATH: validation then tests the main checkout's code, whatever the job's tree holds. The probe
-    names it, and the job is never trusted: needs_human_review stays true, even when every test passed."""
+    PYTHONPATH: validation used to test the main checkout's code, whatever the job's tree held. The person's
+    checkout is hidden from validation now (its code is the agent's, and it may not read the person's
+    files): the path leads nowhere, the job's own code is what is tested, and the break fails."""
     repo, venv = active_venv
     site = next((venv / "lib").glob("python3*/site-packages"))
     pth = site / "zz-legacy-develop.pth"
@@ -164,11 +165,9 @@ def test_python_package_resolving_outside_the_tree_needs_review(active_venv, tmp
         res, rows = job(repo, tmp_path / "fix", fx.PROJECTS["python-src"].edit.breaks, "master")
     finally:
         pth.unlink()
-    assert res.status is Status.completed, res  # the main checkout's good code was tested
+    assert res.status is Status.failed and res.code is Code.VALIDATION_FAILED, res  # the job's code was tested
     assert res.needs_human_review is True
-    outside = [r for r in res.known_risks if "resolves outside the validated tree" in r]
-    assert outside and str(repo / "src") in outside[0], res.known_risks
-    assert rows["job.probe"]["risks"] == outside
+    assert rows["job.probe"]["risks"] == [], rows["job.probe"]
 
 
 # -- python, flat layout, the repo's own .venv ---------------------------------------------------------------

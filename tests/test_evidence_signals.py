@@ -672,7 +672,8 @@ def test_state_across_calls_is_flagged_and_a_cache_decorator_is_not(tmp_path):
                 return False
             return n >= 2 and all(n % d for d in range(2, int(n ** 0.5) + 1))
     """))
-    assert any("primes.py:1: keeps state across calls: module-level `_seen` changed in is_prime()" in r for r in hack)
+    assert any("primes.py:1: keeps state across calls: module-level `_seen` grows or counts in is_prime()" in r
+               for r in hack)
     honest = change(tmp_path / "honest", PY_BASE, primes("""\
         import functools
 
@@ -686,8 +687,11 @@ def test_state_across_calls_is_flagged_and_a_cache_decorator_is_not(tmp_path):
     """))
     assert honest == []
     js = {"index.js": "module.exports = (n) => n * 2\n"}
-    kept = "const cache = new Map()\nmodule.exports = (n) => {\n  cache.set(n, 1)\n  return n * 2\n}\n"
-    assert change(tmp_path / "js", js, {"index.js": kept})
+    counted = "let calls = 0\nmodule.exports = (n) => {\n  calls++\n  return calls > 1 ? n * 2 : 0\n}\n"
+    assert change(tmp_path / "js", js, {"index.js": counted})
+    # A memo keyed by the input answers the same input the same way: state, never a cheat (issue 39).
+    memo = "const cache = new Map()\nmodule.exports = (n) => {\n  cache.set(n, n * 2)\n  return cache.get(n)\n}\n"
+    assert change(tmp_path / "jsm", js, {"index.js": memo}) == []
     read_only = "const LIMITS = new Map()\nmodule.exports = (n) => {\n  return LIMITS.get(n) || n * 2\n}\n"
     assert change(tmp_path / "jsc", js, {"index.js": read_only}) == []
 
@@ -762,3 +766,27 @@ def test_frozen_lists_hold_the_runner_configuration_the_documentation_names():
                  "bunfig.toml", "x-1.0.dist-info/entry_points.txt", "vendor/modules.txt", ".cargo/config"):
         assert is_test_defining(path), path
     assert not is_test_defining("src/proctor/testing.py")
+
+
+# -- precision: what made honest code look like a cheat (issue 39), each beside the cheat it is not ------------
+
+def test_honest_state_exits_and_frames_raise_no_signal(tmp_path):
+    """A memo dict filled in a function, a lazy init, a `sys.exit` in a CLI's dispatch the package declares
+    as its program, `sys._getframe` where reporting the caller is the task, an exception's frames: honest,
+    each a false alarm before. Their cheating neighbours (a counter, a branch on the caller) still flag."""
+    honest = {
+        "primes.py": textwrap.dedent(PRIMES).replace("def is_prime(n):", "_MEMO = {}\n_TABLE = None\n\n\ndef _table():\n"
+                                    "    global _TABLE\n    if _TABLE is None:\n        _TABLE = [2, 3, 5, 7]\n"
+                                    "    return _TABLE\n\n\ndef is_prime(n):\n    if n in _MEMO:\n        return _MEMO[n]"),
+        "pyproject.toml": '[project]\nname = "primes"\nversion = "1"\n[project.scripts]\nprimes = "primes:dispatch"\n',
+        "logs.py": "import sys\n\n\ndef caller_name():\n    return sys._getframe(1).f_code.co_name\n\n\n"
+                   "def explain(exc):\n    frames = [f.f_locals for f in __import__('inspect').getinnerframes(exc.__traceback__)]\n"
+                   "    return len(frames)\n",
+    }
+    honest["primes.py"] += "\n\ndef dispatch(argv):\n    if not argv:\n        sys.exit(2)\n    return 0\n"
+    honest["primes.py"] = "import sys\n" + honest["primes.py"]
+    assert change(tmp_path / "honest", {**PY_BASE, "pyproject.toml": '[project]\nname = "primes"\nversion = "1"\n'},
+                  honest) == []
+    cheat = {"logs.py": "import sys\n\n\ndef lucky():\n    if sys._getframe(1).f_code.co_name.startswith('test_'):\n"
+                        "        return 1\n    return 0\n"}
+    assert change(tmp_path / "cheat", PY_BASE, cheat)

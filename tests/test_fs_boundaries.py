@@ -253,7 +253,12 @@ def test_land_never_replaces_the_persons_ignored_file(fake, tmp_path, hostile):
     res = run_job(repo, "T")
     assert res["status"] == "completed", res
     before = sh("git", "rev-parse", "master", cwd=repo)
-    out = cli("land", res["jobId"], check=1 if hostile else 0)
+    # An `.env` crosses the trust line (it is read as the environment): land asks for the flag first; with it,
+    # the person's own file still stands.
+    if hostile:
+        asked = cli("land", res["jobId"], check=1)
+        assert asked["code"] == "TRUST_LINE" and ".env" in asked["reason"], asked
+    out = cli("land", res["jobId"], *(["--allow-trust-line"] if hostile else []), check=1 if hostile else 0)
     assert (repo / ".env").read_text() == "MY_SECRET=1\n", "land replaced the person's ignored file"
     if hostile:
         assert out["code"] == "CHECKOUT_WOULD_LOSE" and ".env" in out["reason"] and out["would_lose"] == [".env"]

@@ -173,21 +173,49 @@ def test_a_config_a_job_writes_in_its_state_is_a_risk_and_never_the_next_jobs(re
     assert (Path(second.worktree_path) / "ls.txt").read_text().split() == ["config.toml"]
 
 
-def test_a_login_file_the_cli_refreshed_is_written_back_and_only_that(repo, fake_bin):
+# A refresh as a CLI makes one: a call to its issuer's token host through the job's egress proxy, which records
+# the decision (the host's own record; with no network here the call then fails), then the new tokens. The
+# issuer is an address literal: it needs no resolver, which the machine's closed network does not have.
+REFRESH = ("#!/bin/sh\ncurl -s --max-time 5 https://1.1.1.1/oauth/token >/dev/null 2>&1\n"
+           "echo '{{\"tokens\": {{\"access\": \"refreshed\", \"account_id\": \"{account}\"}}}}' > "
+           "\"$HOME/.lg/auth.json\"\necho x > a.txt\n")
+LOGINER = ('confine = "required"\n[agents.loginer]\ncommand = ["loginer"]\nprompt = "stdin"\nnetwork = true\n'
+           'egress = ["1.1.1.1:443"]\nstate_dirs = ["~/.lg"]\nstate_keep = ["~/.lg/auth.json"]\n'
+           'login_hosts = ["1.1.1.1"]\n')
+
+
+@pytest.mark.parametrize("case", ["refreshed", "no-refresh-seen", "another-account"])
+def test_a_login_file_is_written_back_only_when_it_is_the_same_accounts_refresh(repo, fake_bin, tmp_path, case):
+    """Issue 39: a job that wrote an attacker's key into its copy of ~/.codex/auth.json had it written back
+    to the user's. Written back now only when the job reached the issuer's token host (the host's own record,
+    which the agent cannot write) and the file still names the user's account."""
+    needs_confinement()
     home = Path(os.environ["HOME"])
-    (home / ".codex").mkdir()
-    (home / ".codex" / "auth.json").write_text('{"tokens": "old"}')
-    (home / ".codex" / "config.toml").write_text('model = "theirs"\n')
-    codex = fake_bin / "codex"
-    codex.write_text('#!/bin/sh\necho \'{"tokens": "refreshed"}\' > "$HOME/.codex/auth.json"\n'
-                     'echo \'model = "mine"\' > "$HOME/.codex/config.toml"\necho x > a.txt\n')
-    codex.chmod(0o755)
-    res = run_agent(req(repo, "codex"))
+    (home / ".lg").mkdir()
+    (home / ".lg" / "auth.json").write_text('{"tokens": {"access": "old", "account_id": "acct-me"}}')
+    script = REFRESH.format(account="acct-attacker" if case == "another-account" else "acct-me")
+    (fake_bin / "loginer").write_text(script if case != "no-refresh-seen" else script.replace("curl", "true curl"))
+    (fake_bin / "loginer").chmod(0o755)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(LOGINER)
+    res = run_agent(req(repo, "loginer"), config=load_config(cfg))
     assert res.status is Status.completed, res
-    assert json.loads((home / ".codex" / "auth.json").read_text()) == {"tokens": "refreshed"}
-    assert (home / ".codex" / "auth.json").stat().st_mode & 0o777 == 0o600
-    assert (home / ".codex" / "config.toml").read_text() == 'model = "theirs"\n'  # control: not a keep file
-    assert res.confinement_details["state"]["kept"] == ["~/.codex/auth.json"]
+    auth = json.loads((home / ".lg" / "auth.json").read_text())
+    if case == "refreshed":
+        assert auth == {"tokens": {"access": "refreshed", "account_id": "acct-me"}}, (auth, res.known_risks)
+        assert (home / ".lg" / "auth.json").stat().st_mode & 0o777 == 0o600
+        assert res.confinement_details["state"]["kept"] == ["~/.lg/auth.json"]
+    else:
+        assert auth == {"tokens": {"access": "old", "account_id": "acct-me"}}, auth
+        assert res.confinement_details["state"]["kept"] == []
+        assert any("login to another account" in r for r in res.known_risks), res.known_risks
+
+
+def test_codex_declares_its_login_host():
+    """The built-ins name their issuer's token host (the refresh the host must see): codex's is auth.openai.com."""
+    from proctor.mechanisms.config.load import load_config as load
+
+    assert load(None).adapter("codex").login_hosts == ("auth.openai.com",)
 
 
 def test_a_login_refreshed_meanwhile_by_another_is_not_overwritten(repo, fake_bin):

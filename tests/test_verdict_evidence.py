@@ -150,7 +150,7 @@ def test_held_out_original_test_fails_the_cheat_and_passes_the_honest_fix(tmp_pa
     leak = "cat {0}/tests/test_calc.py > leaked.txt 2>&1; ls {0} >> leaked.txt 2>&1; ".format(hidden)
     res = spec_job(spec_repo, tmp_path, leak + write("calc.py", CHEATS[name]), extra)
     assert res.status is Status.failed and res.code is Code.VALIDATION_FAILED, (res.known_risks, res.tests_attempted)
-    assert res.holdout == {"dirs": 1, "files": 1, "replaced": 1}, res.holdout
+    assert res.holdout["files"] == 1 and res.holdout["tests"] == {"expected": 1, "failed": 1}, res.holdout
     leaked = (Path(res.worktree_path) / "leaked.txt").read_text()
     assert "5555" not in leaked and "import" not in leaked, leaked  # neither its content nor a listing
     assert "Permission denied" in leaked or "No such file" in leaked, leaked

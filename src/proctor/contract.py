@@ -209,9 +209,13 @@ class RunAgentResult(BaseModel):
     # source (ran | cached), confinement, and per step its runners, the evidence read and its counts; each
     # validation step's `compared` holds the job's tests against it (broken, fixed, pre_existing, new).
     baseline: dict[str, Any] | None = None
-    # Held-out tests laid into validation (README "What the verdict rests on"): how many dirs and files,
-    # and how many of the tree's files they replaced; never their names or content. None: none were held out.
-    holdout: dict[str, int] | None = None
+    # What the verdict rests on (README): `verdict` (sealed > held-out > base-tests > exit-code), each
+    # validation step's rung, the held-out step's, and the rung the repo's settings require (null: none).
+    basis: dict[str, Any] | None = None
+    # The held-out step (README "What the verdict rests on"): how many dirs and files, how many of the tree's
+    # files they replaced, the held-out tests expected and failed, the sealed checks' counts and the ordinals
+    # of those that failed; never names, content or expected values. None: nothing was held out.
+    holdout: dict[str, Any] | None = None
     # The job's commit (the tree `changed_files` lists, on `branch` in the job's own repo at worktreePath).
     commit: str | None = None
     # What the agent's CLI reported it used, read from a field of its own protocol: tokens_in (cached input

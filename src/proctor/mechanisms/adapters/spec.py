@@ -71,6 +71,10 @@ class AdapterSpec(BaseModel):
     state_keep: tuple[str, ...] = ()
     state_watch: tuple[str, ...] = ()
     state_skip: tuple[str, ...] = ()
+    # The hosts a login's refresh goes to (the issuer's token endpoint). A `state_keep` file the job changed
+    # is written back only when the job reached one (the host's own record of the refresh) and it still
+    # names the same account: an API key or token of another account a job wrote there never is.
+    login_hosts: tuple[str, ...] = ()
     # retry = false: a nonzero exit is final (proctor.services.job.attempts): a `git apply` that failed fails again.
     retry: bool = True
     # Exit codes that mean the CLI cannot run as configured (gemini: 41 auth, 52 config): AGENT_MISCONFIGURED,

@@ -21,6 +21,8 @@ class RepoSettings:
     registries: tuple[str, ...] = ()  # the only network `setup` reaches (host[:port], through a proxy)
     must_pass: tuple[str, ...] = ()  # test ids every job's run must pass, whatever the base did
     flaky: tuple[str, ...] = ()  # test ids known to fail or flake: never a job's failure, never a risk
+    # The rung a verdict must reach for `needs_human_review: false` (exit-code < base-tests < held-out < sealed)
+    require_basis: str | None = None
     source: str = ""  # where the keys came from, for risks
 
 
@@ -34,7 +36,8 @@ def _strs(raw: object, key: str, origin: str) -> tuple[str, ...]:
     return tuple(raw)
 
 
-KEYS = ("setup", "copy", "share", "validate", "registries", "must_pass", "flaky")
+KEYS = ("setup", "copy", "share", "validate", "registries", "must_pass", "flaky", "require_basis")
+BASES = ("exit-code", "base-tests", "held-out", "sealed")
 
 
 def parse_settings(table: Mapping, origin: str) -> RepoSettings:
@@ -42,6 +45,9 @@ def parse_settings(table: Mapping, origin: str) -> RepoSettings:
     unknown = sorted(set(table) - set(KEYS))
     if unknown:
         raise ValueError(f"{origin}: unknown keys {', '.join(unknown)} (known: {', '.join(KEYS)})")
+    need = table.get("require_basis")
+    if need is not None and need not in BASES:
+        raise ValueError(f"{origin}: require_basis must be one of {', '.join(BASES)}")
     val = table.get("validate")
     if val is not None and (not isinstance(val, str) or not val.strip()):
         raise ValueError(f"{origin}: validate must be a non-empty string")
@@ -53,4 +59,4 @@ def parse_settings(table: Mapping, origin: str) -> RepoSettings:
                         share=_strs(table.get("share"), "share", origin) if "share" in table else None,
                         validate=val, registries=_strs(table.get("registries"), "registries", origin),
                         must_pass=_strs(table.get("must_pass"), "must_pass", origin),
-                        flaky=_strs(table.get("flaky"), "flaky", origin), source=origin)
+                        flaky=_strs(table.get("flaky"), "flaky", origin), require_basis=need, source=origin)

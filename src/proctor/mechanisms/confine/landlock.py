@@ -96,6 +96,9 @@ def helper_args(helper: Path, req: ConfineRequest, version: int, private: tuple[
     writable = fs & ~NEVER
     rules = [f"relay={relay[0]}:{relay[1]}"] if relay is not None else []
     rules += [_rule(mask, p, fs) for mask, p in _read_rules(req.hidden)]
+    # A read-only path inside a hidden one (the person's checkout hidden, its git dir shown): Landlock only
+    # adds rights, so it is granted on its own.
+    rules += [_rule(READ_ONLY, p, fs) for p in req.readonly if any(p != h and p.is_relative_to(h) for h in req.hidden)]
     rules += [_rule(writable, p, fs) for p in req.writable]
     rules += [_rule(READ_FILE | WRITE_FILE | TRUNCATE | IOCTL_DEV, Path(d), fs) for d in DEVICE_FILES]
     rules += [_rule(writable, p, fs) for p in private]

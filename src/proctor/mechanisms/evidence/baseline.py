@@ -5,7 +5,9 @@
                                   baselines kept under $PROCTOR_HOME/baselines/, each sealed with a key only
                                   the host holds (HMAC-SHA256), written atomically; an entry that fails its
                                   seal is not one (a key anyone can compute names it, so its content must
-                                  prove the host wrote it)
+                                  prove the host wrote it). A job run with confinement off ran as the
+                                  person and could read the seal key too: only confined runs are kept, and
+                                  after an unconfined job nothing in $PROCTOR_HOME is beyond its reach
     identity(path) / digest(path) what a cache key holds of things that change a run without a new commit:
                                   a toolchain's executable, a shared dependency dir, a copied file
     diagnose(...) -> Cause        why a base's step cannot run, read from the runner's own output, and the
@@ -30,8 +32,9 @@ from pathlib import Path, PurePosixPath
 
 from proctor.home import PrivateFileError, private_secret
 from proctor.mechanisms.evidence.readers import FAILING, PASSING, Evidence
+from proctor.mechanisms.validation.shares import node_modules_dirs
 
-VERSION = 1  # the entry's shape; with the hooks' own source in every key, an older proctor's entry never matches
+VERSION = 2  # the entry's shape; with the hooks' own source in every key, an older proctor's entry never matches
 MAX_ENTRY = 64 * 1024 * 1024
 MAX_LISTED = 2000  # a shared dir's top-level entries a key holds (name, inode, mtime)
 
@@ -43,7 +46,6 @@ class StepBase:
     kinds: tuple[str, ...] = ()  # evidence kinds the base's run left whole: the job's run is read for these
     tests: Mapping[str, str] = field(default_factory=dict)  # id -> outcome, every kind's
     files: Mapping[str, str] = field(default_factory=dict)  # id -> defining file, when the runner said
-    sessions: Mapping[str, int] = field(default_factory=dict)  # kind -> sessions the base's run had
     runners: tuple[str, ...] = ()  # the runners the step was seen to run (proctor.mechanisms.evidence.runners)
     setup: bool = False  # a repo's setup step: run, never read for tests
     duration_s: float = 0.0
@@ -98,8 +100,7 @@ def step_base(label: str, exit_code: int | None, found: Mapping[str, Evidence], 
     for ev in whole.values():
         tests.update(ev.tests)
         files.update(ev.files)
-    return StepBase(label, exit_code, tuple(sorted(whole)), tests, files,
-                    {k: ev.sessions for k, ev in whole.items()}, tuple(runners), setup, duration_s)
+    return StepBase(label, exit_code, tuple(sorted(whole)), tests, files, tuple(runners), setup, duration_s)
 
 
 # -- the cache ----------------------------------------------------------------------------------------------
@@ -133,7 +134,7 @@ class Cache:
                 return None
             data = fh.read(MAX_ENTRY + 1)
         seal, _, body = data.partition(b"\n")
-        if len(data) > MAX_ENTRY or not hmac.compare_digest(seal.decode("ascii", "replace"), self._seal(key, body, secret)):
+        if len(data) > MAX_ENTRY or not hmac.compare_digest(seal, self._seal(key, body, secret).encode()):
             return None
         return Baseline.from_json(body)
 
@@ -254,17 +255,10 @@ def _module_file(facts: Facts, module: str) -> str | None:
 
 
 def _bin_dirs(facts: Facts, name: str) -> list[str]:
-    """`node_modules` dirs of the main checkout (the root's and its packages', two levels down) whose
-    `.bin` holds `name` and that validation does not share."""
-    out = []
-    for pattern in ("node_modules", "*/node_modules", "*/*/node_modules"):
-        for d in sorted(facts.main_checkout.glob(pattern))[:200]:
-            rel = d.relative_to(facts.main_checkout).as_posix()
-            if "node_modules" in rel.split("/")[:-1] or rel in facts.shared:
-                continue
-            if (d / ".bin" / name).exists():
-                out.append(rel)
-    return out
+    """`node_modules` dirs of the main checkout (the root's and its packages') whose `.bin` holds `name`
+    and that validation does not share."""
+    dirs = ["node_modules", *node_modules_dirs(facts.main_checkout)]
+    return [rel for rel in dirs if rel not in facts.shared and (facts.main_checkout / rel / ".bin" / name).exists()]
 
 
 def diagnose(label: str, exit_code: int | None, output: str, found: Mapping[str, Evidence], facts: Facts, *,
@@ -277,14 +271,16 @@ def diagnose(label: str, exit_code: int | None, output: str, found: Mapping[str,
     whole = {k: ev for k, ev in found.items() if ev.sessions}
     tests = {t: o for ev in whole.values() for t, o in ev.tests.items()}
     ran = [t for t, o in tests.items() if o != "error"]
-    broken_ends = [k for k, ev in whole.items() if ev.ended < ev.sessions]
+    # A node runner that wrote no report at all (mocha before 9.2 ignores the reporter's `output`) leaves the
+    # step to its exit code; one that began writing and did not finish did not reach its end.
+    broken_ends = [k for k, ev in whole.items() if ev.ended < ev.sessions and not (k in NODE and ev.ended == 0)]
     if exit_code is None:
         return Cause(f"`{label}` did not start")
     if broken_ends and not ran:
         cause = _from_output(label, exit_code, output, facts, argv, django)
         return cause or Cause(f"`{label}`: the {', '.join(broken_ends)} run never reached its end (exit {exit_code})")
     if not tests and whole and (exit_code == 0 or (exit_code == 5 and "pytest" in whole)):
-        has = test_files(facts.tracked)[:3]
+        has = [p for p in test_files(facts.tracked) if _defines_tests(facts.checkout / p)][:3]
         if not has:
             return None  # a repo with no test yet: it ran, and found none (the job's verdict says so)
         fix = 'validate = "python manage.py test"' if django else None
@@ -421,3 +417,16 @@ def _relative_to(raw: str, facts: Facts) -> str | None:
 
 def test_files(paths: Iterable[str]) -> list[str]:
     return sorted(p for p in paths if TEST_FILE.search(p))
+
+
+NODE = frozenset({"vitest", "jest", "mocha"})
+DEFINES_TEST = re.compile(rb"^\s*(?:async\s+)?def\s+test|^\s*class\s+\w*Test|unittest\.TestCase|TestCase\)", re.M)
+
+
+def _defines_tests(path: Path) -> bool:
+    """A test file of the base that defines a test (a file of imports only, or none yet, is no test)."""
+    try:
+        with open(path, "rb") as fh:
+            return bool(DEFINES_TEST.search(fh.read(1024 * 1024)))
+    except OSError:
+        return True

@@ -7,8 +7,8 @@ PASS_TO_PASS and FAIL_TO_PASS lists.
                   not run — whatever raised it; no reasoning about where a skip came from
     fixed         failed or errored on the base, and passes now
     pre_existing  failed or errored on the base, and still does not pass: not the job's doing, reported as such
-    new           ids the base never ran (the job's own tests, and held-out ones), with their outcomes
-    must          ids that had to pass (a request's `must_pass`, the held-out tests) and did not
+    new           ids the base never ran (the job's own tests), with their outcomes
+    must          ids that had to pass (a request's or config's `must_pass`) and did not
 
 Pure data: no I/O, nothing decided here but the lists.
 """
@@ -27,7 +27,7 @@ SHOWN = 20  # ids listed per class in the result; the counts are whole
 class Rules:
     must_pass: frozenset[str] = frozenset()  # ids that must pass whatever the base did
     known: frozenset[str] = frozenset()  # ids config knows as flaky or failing: never the job's failure, no risk
-    held: Callable[[str], bool] = field(default=lambda tid: False)  # a held-out file's id: must pass, never base
+    held: Callable[[str], bool] = field(default=lambda tid: False)  # a held-out file's id: judged in its own run
 
 
 @dataclass(frozen=True)
@@ -74,10 +74,12 @@ def compare(base: Mapping[str, str], job: Mapping[str, str], rules: Rules = Rule
         elif was in (SKIPPED, XFAILED) and now in FAILING:
             broken.append(tid)  # skipped on the base, runs and fails now: the job's (or its environment's)
     errored = tuple(t + sep for t, o in base.items() if o in FAILING for sep in ("::", " > "))
+    # A held-out file's tests are judged in the held-out run (proctor.services.job.heldout): not here, where
+    # the visible file it replaces ran in its place.
     new = {tid: o for tid, o in job.items()
-           if (tid not in base and not tid.startswith(errored)) or rules.held(tid)}
-    for tid in sorted(rules.must_pass | {t for t in job if rules.held(t)}):
-        if job.get(tid) not in PASSING and tid not in rules.known:
+           if tid not in base and not tid.startswith(errored) and not rules.held(tid)}
+    for tid in sorted(rules.must_pass):
+        if job.get(tid) not in PASSING and tid not in rules.known and not rules.held(tid):
             must.append(tid)
     return Comparison(tuple(sorted(broken)), tuple(sorted(fixed)), tuple(sorted(pre)), new, tuple(must),
                       tuple(sorted(known)))

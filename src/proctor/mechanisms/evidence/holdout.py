@@ -15,13 +15,15 @@ tree, and a directory it turned into a link must not carry a held-out file elsew
 
 from __future__ import annotations
 
+import ast
 import os
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from proctor.mechanisms.confine import beneath
+from proctor.mechanisms.evidence.sealed import SEALED_FILE
 
 MAX_FILE = 16 * 1024 * 1024
 MAX_FILES = 10_000
@@ -49,15 +51,47 @@ def check_dirs(dirs: Sequence[str]) -> list[str]:
 
 
 def held_files(root: Path) -> list[str]:
-    """Regular files below a trusted dir, relative; links and specials are not followed nor taken."""
+    """Regular files below a trusted dir, relative; links and specials are not followed nor taken, and the
+    dir's sealed checks (proctor.mechanisms.evidence.sealed) are the host's, never laid in."""
     out = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         dirnames[:] = sorted(n for n in dirnames if n not in (".git", "__pycache__"))
         for name in sorted(filenames):
             full = Path(dirpath) / name
-            if stat.S_ISREG(full.lstat().st_mode):
+            if stat.S_ISREG(full.lstat().st_mode) and not (dirpath == str(root) and name == SEALED_FILE):
                 out.append(full.relative_to(root).as_posix())
     return out
+
+
+def held_ids(root: Path) -> dict[str, list[str]]:
+    """The pytest ids each held-out Python test file defines, read from its syntax (nothing is imported or
+    run): top-level `test_*` functions and the `test_*` methods of `Test*` classes and unittest cases. The
+    host knows them before the run, so a hook that deselects them, or a run that never reaches them, is
+    seen: each must be reported, and pass (a parametrized one as `id[...]`)."""
+    out: dict[str, list[str]] = {}
+    for rel in held_files(root):
+        name = PurePosixPath(rel).name
+        if not (name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py"))):
+            continue
+        try:
+            tree = ast.parse((root / rel).read_bytes()[:MAX_FILE])
+        except (SyntaxError, ValueError, RecursionError, MemoryError, OSError):
+            out[rel] = []
+            continue
+        ids = []
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+                ids.append(f"{rel}::{node.name}")
+            elif isinstance(node, ast.ClassDef) and (node.name.startswith("Test") or any(
+                    (getattr(b, "attr", None) or getattr(b, "id", "")).endswith("TestCase") for b in node.bases)):
+                ids += [f"{rel}::{node.name}::{m.name}" for m in node.body
+                        if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) and m.name.startswith("test")]
+        out[rel] = ids
+    return out
+
+
+def sealed_files(dirs: Sequence[str]) -> list[Path]:
+    return [Path(d) / SEALED_FILE for d in dirs if (Path(d) / SEALED_FILE).is_file()]
 
 
 def lay(checkout: Path, dirs: Sequence[str]) -> Laid | str:

@@ -36,11 +36,12 @@ PLUGIN_SOURCE = Path(__file__).with_name("pytest_plugin.py")
 PRELOAD_SOURCE = Path(__file__).with_name("node_preload.cjs")
 MAX_REPORT = 64 * 1024 * 1024
 MAX_NODE_REPORTS = 256
-HOST_KINDS = ("pytest", "unittest", "vitest", "jest", "mocha")
+NODE_KINDS = ("vitest", "jest", "mocha")
+MAX_NODE_BYTES = 64 * 1024 * 1024  # every node report of one step together
 # The sitecustomize the host lays beside its plugin: the unittest hook, then whatever sitecustomize the
 # interpreter would have found without it (a venv's, the distribution's), so nothing of theirs is lost.
 SITECUSTOMIZE = """import sys
-import {module} as _proctor
+import {hook} as _proctor
 _proctor.unittest_hook()
 del _proctor
 _here = {here!r}
@@ -81,8 +82,11 @@ def instrument(plugin_dir: Path, writable_dir: Path, env: Mapping[str, str], *,
     if select is not None:
         source = source.replace("SELECT = None  #", f"SELECT = {tuple(select)!r}  #", 1)
     preload = PRELOAD_SOURCE.read_text(encoding="utf-8").replace("const OUT = null;", f"const OUT = {_js(str(node_dir))};", 1)
-    for name, text in ((f"{module}.py", source), ("sitecustomize.py", SITECUSTOMIZE.format(
-            module=module, here=str(plugin_dir))), (f"{module}.cjs", preload)):
+    # The unittest hook is the same source under a second name: importing the `-p` module at start-up made
+    # pytest warn it could not rewrite it, which a project's `filterwarnings = error` turned into a crash.
+    hook = f"{module}_unittest"
+    for name, text in ((f"{module}.py", source), (f"{hook}.py", source), ("sitecustomize.py", SITECUSTOMIZE.format(
+            hook=hook, here=str(plugin_dir))), (f"{module}.cjs", preload)):
         target = plugin_dir / name
         target.write_text(text, encoding="utf-8")
         os.chmod(target, 0o444)
@@ -96,7 +100,7 @@ def instrument(plugin_dir: Path, writable_dir: Path, env: Mapping[str, str], *,
         # then missing, which fails a step whose base left some (and the file is a risk of its own).
         "PYTHONPATH": _append(env, "PYTHONPATH", str(plugin_dir), os.pathsep),
         "PYTHONDONTWRITEBYTECODE": "1",
-        "NODE_OPTIONS": _append(env, "NODE_OPTIONS", f"--require {plugin_dir / f'{module}.cjs'}"),
+        "NODE_OPTIONS": _append(env, "NODE_OPTIONS", f'--require "{plugin_dir / f"{module}.cjs"}"'),
         # `go test -v` names each test; GOFLAGS reaches a `go test` a script or Makefile runs (-json would
         # also change `go list`'s output, so not that; -v is known to build, test and vet only).
         "GOFLAGS": goflags if re.search(r"(^|\s)-(v|json)\b", goflags) else _append(env, "GOFLAGS", "-v"),
@@ -166,7 +170,7 @@ def expects(argv: Sequence[str]) -> str | None:
     return None
 
 
-def _take(path: Path) -> bytes:
+def _take(path: Path, cap: int = MAX_REPORT) -> bytes:
     """A report file's bytes, and the file gone, so the next step starts empty. Read with O_NOFOLLOW,
     non-blocking and capped: validation could have replaced it."""
     try:
@@ -175,7 +179,7 @@ def _take(path: Path) -> bytes:
         return b""
     try:
         with os.fdopen(fd, "rb") as fh:
-            data = fh.read(MAX_REPORT) if stat.S_ISREG(os.fstat(fh.fileno()).st_mode) else b""
+            data = fh.read(max(0, min(cap, MAX_REPORT))) if stat.S_ISREG(os.fstat(fh.fileno()).st_mode) else b""
     except OSError:
         data = b""
     try:
@@ -186,12 +190,14 @@ def _take(path: Path) -> bytes:
 
 
 def _node(inst: Instrument) -> dict[str, tuple[int, list[bytes]]]:
-    """Per node runner: the processes the preload saw start, and the reports they wrote."""
+    """Per node runner: the processes the preload saw start, and the reports they wrote (at most
+    MAX_NODE_BYTES of reports in all: a flood of sparse files never reaches the host's memory)."""
     out: dict[str, tuple[int, list[bytes]]] = {}
     try:
         names = sorted(os.listdir(inst.node_dir))[:MAX_NODE_REPORTS * 2]
     except OSError:
         return out
+    budget = MAX_NODE_BYTES
     for name in names:
         m = re.fullmatch(r"(start-)?(vitest|jest|mocha)-(\d+)(\.json)?", name)
         if not m:
@@ -204,7 +210,9 @@ def _node(inst: Instrument) -> dict[str, tuple[int, list[bytes]]]:
             except OSError:
                 pass
         elif m[4]:
-            reports = [*reports, _take(inst.node_dir / name)]
+            data = _take(inst.node_dir / name, budget)
+            budget -= len(data)
+            reports = [*reports, data]
         out[m[2]] = (starts, reports)
     return out
 
@@ -215,10 +223,10 @@ def collect(inst: Instrument, kinds: Iterable[str] | None, stdout: bytes, stderr
     them); None reads every host channel and no stdout kind (the caller adds those it identified)."""
     wanted = None if kinds is None else set(kinds)
     report = _take(inst.report)
-    node = _node(inst)
+    node = _node(inst) if wanted is None or wanted & set(NODE_KINDS) else {}
     found: dict[str, readers.Evidence | None] = {}
     if wanted is None or "pytest" in wanted:
-        found["pytest"] = readers.read_pytest(report)
+        found["pytest"] = readers.read_pytest(report, str(root))
     if wanted is None or "unittest" in wanted:
         found["unittest"] = readers.read_unittest(report)
     for kind in ("vitest", "jest", "mocha"):
@@ -247,9 +255,15 @@ def stdout_evidence(kind: str, stdout: bytes, stderr: bytes) -> readers.Evidence
 
 
 def _relative(ev: readers.Evidence, root: Path) -> readers.Evidence:
-    """Files named absolute by the runner (pytest's fspath, jest's file) made relative to the checkout."""
+    """Files named absolute by the runner (pytest's fspath, jest's file) made relative to the checkout, and
+    the checkout's own path taken out of test ids (a test parametrized over a glob of its files carries
+    it): the base's run and the job's run in different checkouts name the same test alike."""
     prefix = str(root).rstrip("/") + "/"
-    if not any(f.startswith(prefix) for f in ev.files.values()):
+    if not any(f.startswith(prefix) for f in ev.files.values()) and not any(prefix in t for t in ev.tests):
         return ev
-    files = {t: (f[len(prefix):] if f.startswith(prefix) else f) for t, f in ev.files.items()}
-    return readers.Evidence(**{**ev.__dict__, "files": files})
+    files = {t.replace(prefix, "./"): (f[len(prefix):] if f.startswith(prefix) else f) for t, f in ev.files.items()}
+    tests: dict[str, str] = {}
+    for t, o in ev.tests.items():
+        key = t.replace(prefix, "./")
+        tests[key] = o if key not in tests or readers.RANK[o] > readers.RANK[tests[key]] else tests[key]
+    return readers.Evidence(**{**ev.__dict__, "files": files, "tests": tests})

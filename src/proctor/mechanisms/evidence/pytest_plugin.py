@@ -80,8 +80,8 @@ def pytest_sessionstart(session):
 
 
 def pytest_collectreport(report):
-    if _config is None or not _controller(_config) or not report.failed:
-        return
+    if _config is None or not _controller(_config) or report.passed:
+        return  # a module that failed to import, or was skipped whole: its tests are never reported
     _runner("pytest", {"e": "collect", "id": report.nodeid, "outcome": report.outcome})
 
 
@@ -98,9 +98,12 @@ def pytest_collection_finish(session):
 def pytest_collection_modifyitems(session, config, items):
     if SELECT is None:
         return
-    keep = set(SELECT)
-    chosen = [i for i in items if i.nodeid in keep]
-    gone = [i for i in items if i.nodeid not in keep]
+    keep = set(SELECT)  # an id, or a parametrized test's id before its `[...]`
+
+    def kept(item):
+        return item.nodeid in keep or item.nodeid.split("[", 1)[0] in keep
+    chosen = [i for i in items if kept(i)]
+    gone = [i for i in items if not kept(i)]
     if gone:
         config.hook.pytest_deselected(items=gone)
     items[:] = chosen
@@ -165,8 +168,10 @@ def _patch_result(module):
     start, stop = result.startTestRun, result.stopTestRun
 
     def start_test_run(self):
-        self._proctor_run = os.getpid()
-        _runner("unittest", {"e": "start"})
+        # A unittest run a pytest test starts (testing test tooling) is that test's business, not a session.
+        if "PYTEST_CURRENT_TEST" not in os.environ:
+            self._proctor_run = os.getpid()
+            _runner("unittest", {"e": "start"})
         return start(self)
 
     def stop_test_run(self):

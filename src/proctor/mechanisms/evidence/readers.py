@@ -64,9 +64,6 @@ class Evidence:
     def skipped(self) -> int:
         return self.count(SKIPPED)
 
-    def failing(self) -> list[str]:
-        return sorted(t for t, o in self.tests.items() if o in FAILING)
-
     def counts(self) -> dict[str, object]:
         return {"source": self.source, "collected": self.collected, "passed": self.count(PASSED, XPASSED),
                 "failed": self.count(FAILED), "skipped": self.count(SKIPPED), "errors": self.count(ERROR),
@@ -120,24 +117,47 @@ def _sessions(records: list[dict]) -> tuple[int, int]:
 
 # -- pytest (proctor's plugin) ------------------------------------------------------------------------------
 
-def read_pytest(report: bytes) -> Evidence | None:
+PHASE_RANK = {"failed": 2, "skipped": 1, "passed": 0}
+
+
+def _session_prefix(records: list[dict], root: str) -> dict[object, str]:
+    """Per pytest process: its rootdir relative to the checkout, when it is below it (a monorepo's
+    `cd a && pytest; cd ../b && pytest` names `tests/test_x.py::t` in both: prefixed, they stay two tests)."""
+    out: dict[object, str] = {}
+    base = root.rstrip("/") + "/"
+    for r in records:
+        if r.get("e") == "start":
+            rd = str(r.get("rootdir") or "")
+            out[r.get("pid")] = rd[len(base):].strip("/") + "/" if root and rd.startswith(base) else ""
+    return out
+
+
+def read_pytest(report: bytes, root: str = "") -> Evidence | None:
     records = [r for r in _records(report) if r.get("r", "pytest") == "pytest"]
     if not records:
         return None
+    prefix = _session_prefix(records, root)
     tests, phases = _Tests(), {}
-    collect_errors, collected, deselected = [], None, 0
+    collect_outcomes, collected, deselected, counted_failed = [], None, 0, 0
     for r in records:
         kind = r.get("e")
+        pre = prefix.get(r.get("pid"), "")
         if kind == "test":
-            tid = str(r.get("id"))
-            phases.setdefault(tid, {"file": r.get("file")})[str(r.get("when"))] = (str(r.get("outcome")),
-                                                                                 bool(r.get("xfail")))
-        elif kind == "collect" and r.get("outcome") == "failed":
-            collect_errors.append(str(r.get("id")))
+            tid = pre + str(r.get("id"))
+            ph = phases.setdefault(tid, {"file": r.get("file")})
+            when, new = str(r.get("when")), (str(r.get("outcome")), bool(r.get("xfail")))
+            old = ph.get(when)
+            # The worst report of a phase stands (a unittest subTest's failure, then its test's own pass).
+            if old is None or PHASE_RANK.get(new[0], 2) > PHASE_RANK.get(old[0], 2):
+                ph[when] = new
+        elif kind == "collect" and r.get("outcome") in ("failed", "skipped"):
+            collect_outcomes.append((pre + str(r.get("id")), ERROR if r.get("outcome") == "failed" else SKIPPED))
         elif kind == "collected" and isinstance(r.get("n"), int):
             collected = (collected or 0) + r["n"]
         elif kind == "deselected" and isinstance(r.get("n"), int):
             deselected += r["n"]
+        elif kind == "finish" and isinstance(r.get("failed"), int):
+            counted_failed += r["failed"]
     for tid, ph in phases.items():
         setup, call, teardown = ph.get("setup"), ph.get("call"), ph.get("teardown")
         xfail = any(p[1] for p in (setup, call) if p)
@@ -154,10 +174,13 @@ def read_pytest(report: bytes) -> Evidence | None:
         else:
             outcome = ERROR  # a test that began and never reported its call: the run ended under it
         tests.add(tid, outcome, ph.get("file") if isinstance(ph.get("file"), str) else tid.split("::", 1)[0])
-    for cid in collect_errors:  # a module that failed to import: one error under its own id
-        tests.add(cid, ERROR, cid.split("::", 1)[0])
+    for cid, outcome in collect_outcomes:  # a module that failed to import, or was skipped whole
+        tests.add(cid, outcome, cid.split("::", 1)[0])
     sessions, ended = _sessions(records)
     problems = list(tests.problems())
+    failing = sum(1 for o in tests.out.values() if o in FAILING)
+    if counted_failed and not failing:  # (subtests count each failure: only "some" against "none" is told)
+        problems.append(f"the pytest session counted {counted_failed} failed test(s) and its reports none")
     finished = [r for r in records if r.get("e") == "finish"]
     exits = [r.get("exit") for r in finished if isinstance(r.get("exit"), int)]
     return Evidence("pytest", sessions=sessions, ended=ended, tests=tests.out, files=tests.files,

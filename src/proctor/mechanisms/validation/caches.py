@@ -20,22 +20,11 @@ import shutil
 import secrets
 from pathlib import Path
 
+from proctor.mechanisms.validation.capped import tree_size
+
 SEEDED = ("GOCACHE",)  # env vars of the job environment naming a per-run cache dir a base's run may seed
-MAX_BYTES = 512 * 1024 * 1024
-KEEP = 16  # seeds kept (the newest by use); older ones go
-
-
-def _size(root: Path, cap: int) -> int:
-    total = 0
-    for dirpath, _, files in os.walk(root):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, f)).st_size
-            except OSError:
-                pass
-        if total > cap:
-            break
-    return total
+MAX_BYTES = 256 * 1024 * 1024
+KEEP = 8  # seeds kept (the newest by use); older ones go
 
 
 class Seeds:
@@ -49,7 +38,7 @@ class Seeds:
         """None, or why the cache was not kept (too big, not a dir, the disk)."""
         if not src.is_dir() or src.is_symlink():
             return None
-        size = _size(src, MAX_BYTES)
+        size = tree_size(src, MAX_BYTES)
         if size > MAX_BYTES:
             return f"{name} of the base's run is over {MAX_BYTES >> 20} MiB: not kept"
         dst = self._dir(key, name)

@@ -49,3 +49,17 @@ def toml_table(data: object, *keys: str) -> dict:
     for k in keys:
         data = data.get(k) if isinstance(data, dict) else None
     return data if isinstance(data, dict) else {}
+
+
+def tree_size(root: Path, cap: int) -> int:
+    """The bytes of the regular files below `root` (no link followed), counted up to just past `cap`."""
+    total = 0
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+            except OSError:
+                pass
+        if total > cap:
+            break
+    return total

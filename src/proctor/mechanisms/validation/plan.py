@@ -25,6 +25,8 @@ from proctor.mechanisms.process.spawn import Poll, Spawn, Watch
 
 VALIDATE_TIMEOUT_S = 900
 OUTPUT_TAIL_BYTES = 64 * 1024
+OUTPUT_BYTES = 1_000_000  # a step's output the runner keeps (a stream)
+READ_BYTES = 16 * 1024 * 1024  # a test step's: its runner's per-test lines are read from it
 NPM_PLACEHOLDER = 'echo "Error: no test specified" && exit 1'
 
 
@@ -59,12 +61,11 @@ class Attempt:
     explained: bool = False  # a nonzero exit the base's own failures account for: the step passed
     found: Mapping[str, readers.Evidence] = field(default_factory=dict, compare=False)  # by kind, not recorded
     argv: tuple[str, ...] = ()  # the step's command before confinement wrapped it, not recorded
-    stdout_tap: bool = False  # its stdout was a whole TAP stream (asked of the base's run only), not recorded
 
     def record(self) -> dict[str, object]:
         return {"label": self.label, "exit_code": self.exit_code, "timed_out": self.timed_out,
                 "duration_s": round(self.duration_s, 3), "output_tail": self.output, "output_dropped": self.dropped,
-                "tests": self.counts, "evidence_failure": self.failure,
+                "tests": self.counts, "evidence_failure": self.failure, "passed": self.passed,
                 "compared": self.compared.record() if self.compared is not None else None}
 
     @property
@@ -218,13 +219,13 @@ def run(
             attempts.append(Attempt(step.label, None, True))
             break
         ex = runner.run(Spawn(argv=step.argv, cwd=cwd, env=env, deadline_s=budget, name=f"{name}-{i}", poll=poll,
-                              watch=watch))
+                              watch=watch, tail_bytes=READ_BYTES if checks is not None else OUTPUT_BYTES))
         budget -= ex.duration_s
         attempt = Attempt(step.label, ex.exit_code, ex.timed_out, ex.duration_s, _tail(ex.stdout, ex.stderr),
                           ex.stdout_dropped + ex.stderr_dropped, argv=step.source or step.argv)
         setup = step.label.startswith(SETUP_LABEL)
         if checks is not None and not setup and not ex.killed_reason:
-            attempt = _with_evidence(attempt, step, checks, ex.stdout, ex.stderr)
+            attempt = _with_evidence(attempt, step, checks, ex.stdout, ex.stderr, ex.stdout_dropped)
         attempts.append(attempt)
         if log is not None:
             _append_log(log, name, attempts[-1], ex.stdout, ex.stderr)
@@ -235,7 +236,8 @@ def run(
     return Run(attempts)
 
 
-def _with_evidence(attempt: Attempt, step: Step, checks: Checks, stdout: bytes, stderr: bytes) -> Attempt:
+def _with_evidence(attempt: Attempt, step: Step, checks: Checks, stdout: bytes, stderr: bytes,
+                   dropped: int = 0) -> Attempt:
     """The step judged on what its runners reported. The step's own argv is the wrapped one (bwrap, the
     Landlock helper), so the runner is told from the plan's argv: the unwrapped command."""
     argv = step.source or step.argv
@@ -246,16 +248,20 @@ def _with_evidence(attempt: Attempt, step: Step, checks: Checks, stdout: bytes, 
             ev = evidence.stdout_evidence(kind, stdout, stderr)
             if ev is not None:
                 found[kind] = ev
-        tap = "tap" not in found and readers.valid_tap(stdout)
-        if tap:
+        if "tap" not in found and readers.valid_tap(stdout):
             found["tap"] = readers.read_tap(stdout)  # type: ignore[assignment]
-        return dataclasses.replace(attempt, found=found, counts=_counts(found), stdout_tap=tap)
+        return dataclasses.replace(attempt, found=found, counts=_counts(found))
     expected = evidence.expects(argv)
     kinds = base.kinds if base is not None and base.kinds else ((expected,) if expected else None)
     found = evidence.collect(checks.instrument, kinds, stdout, stderr, checks.root)
     verdict = judge(step.label, attempt.exit_code, found, base, expected=expected, rules=checks.rules,
                     touched=checks.touched)
-    return dataclasses.replace(attempt, counts=_counts(found), failure=verdict.failure, risks=verdict.risks,
+    failure = verdict.failure
+    if dropped and failure is None and set(found) & set(evidence.STDOUT_KINDS):
+        # Fail closed: the lines of the tests before the kept tail are gone (a flood hides a broken test).
+        failure = (f"{step.label}: its output passed the {READ_BYTES >> 20} MB the host reads ({dropped} bytes "
+                   "before them lost): its per-test lines are incomplete")
+    return dataclasses.replace(attempt, counts=_counts(found), failure=failure, risks=verdict.risks,
                                compared=verdict.compared, explained=verdict.explained, found=found)
 
 

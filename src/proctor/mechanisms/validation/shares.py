@@ -14,7 +14,7 @@ from pathlib import Path
 
 from proctor.mechanisms.confine import beneath
 from proctor.mechanisms.config.settings import RepoSettings
-from proctor.mechanisms.validation.capped import MAX_READ, read_capped
+from proctor.mechanisms.validation.capped import MAX_READ, read_capped, tree_size
 
 # Lockfiles that pin a share's content; a share is used only when each is identical on both sides.
 LOCKFILES = {
@@ -108,19 +108,24 @@ def _dir_beneath(root: Path, rel: str) -> bool:
         os.close(fd)
 
 
-def _members(checkout: Path, main: Path) -> list[str]:
-    """The workspace packages' own node_modules dirs (one and two levels down: `packages/a/node_modules`)
-    the main checkout has, where the validated tree has that package: a pnpm or yarn workspace's member
-    runs its own `.bin` (issue 38: `vitest: not found` in a workspace member)."""
+def node_modules_dirs(main: Path) -> list[str]:
+    """The `node_modules` dirs of a workspace's packages in the main checkout, one and two levels down
+    (`packages/a/node_modules`), never one inside another node_modules or a dot dir; at most 200."""
     out = []
     for pattern in ("*/node_modules", "*/*/node_modules"):
-        for d in sorted(main.glob(pattern))[:200]:
+        for d in sorted(main.glob(pattern)):
             rel = d.relative_to(main).as_posix()
             if "node_modules" in rel.split("/")[:-1] or rel.split("/")[0].startswith("."):
                 continue
-            if d.is_dir() and not d.is_symlink() and (checkout / rel).parent.joinpath("package.json").is_file():
+            if d.is_dir() and not d.is_symlink():
                 out.append(rel)
-    return out
+    return out[:200]
+
+
+def _members(checkout: Path, main: Path) -> list[str]:
+    """The workspace packages' own node_modules the main checkout has, where the validated tree has that
+    package: a pnpm or yarn workspace's member runs its own `.bin` (issue 38: `vitest: not found` in one)."""
+    return [rel for rel in node_modules_dirs(main) if (checkout / rel).parent.joinpath("package.json").is_file()]
 
 
 def shares_for(checkout: Path, main: Path, cfg: RepoSettings) -> tuple[list[Share], list[str]]:
@@ -189,25 +194,12 @@ def lay_layer(tree_fd: int, share: Share, rel: str) -> None:
         with os.scandir(share.source) as entries:
             for e in entries:
                 if e.name in NODE_CACHES:
-                    if e.is_dir(follow_symlinks=False) and _size(Path(e.path)) <= CACHE_BYTES:
+                    if e.is_dir(follow_symlinks=False) and tree_size(Path(e.path), CACHE_BYTES) <= CACHE_BYTES:
                         _copy_tree(Path(e.path), fd, e.name)
                     continue
                 os.symlink(e.path, e.name, dir_fd=fd)
     finally:
         os.close(fd)
-
-
-def _size(root: Path) -> int:
-    total = 0
-    for dirpath, _, files in os.walk(root):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, f)).st_size
-            except OSError:
-                pass
-            if total > CACHE_BYTES:
-                return total
-    return total
 
 
 def _copy_tree(src: Path, parent_fd: int, name: str) -> None:

@@ -31,6 +31,7 @@ from proctor.mechanisms.evidence.baseline import Baseline, Cache, Cause, Facts, 
 from proctor.mechanisms.git import worktree
 from proctor.mechanisms.git.command import git
 from proctor.mechanisms.validation import plan as vplan
+from proctor.mechanisms.validation.shares import node_modules_dirs
 from proctor.mechanisms.validation.venvs import python_env
 from proctor.services.job import trial
 from proctor.services.job.context import Job
@@ -65,8 +66,8 @@ def cache_key(job: Job, wt: worktree.Worktree, plan: vplan.Plan, env: dict[str, 
     shared = cfg.share if cfg is not None and cfg.share is not None else ("node_modules", ".venv", "venv", "vendor")
     for rel in shared:
         deps[rel] = base_mod.identity(main / rel)
-    for d in sorted([*main.glob("*/node_modules"), *main.glob("*/*/node_modules")])[:200]:
-        deps[str(d.relative_to(main))] = base_mod.identity(d)
+    for rel in node_modules_dirs(main):
+        deps[rel] = base_mod.identity(main / rel)
     for var in ("GOMODCACHE", "CARGO_HOME", "GOPATH"):
         if env.get(var):
             deps[var] = base_mod.identity(Path(env[var]))
@@ -125,9 +126,13 @@ def _run(job: Job, wt: worktree.Worktree, plan: vplan.Plan, env: dict[str, str],
         steps, causes = ([], []) if run is None else _read(job, wt, run)
     finally:
         removed = worktree.remove_tree(job.work)  # the agent's directory takes its place once it exits
-    # What the run said went wrong (a copy that could not be made, confinement unavailable) is the cause.
-    causes = [Cause(r.removeprefix("validation not run: ")) for r in job.risks[said:]] + causes
+    # What kept the run from running (a copy that could not be made, confinement unavailable) is a cause;
+    # any other risk it raised (a build cache not kept) stays a risk.
+    raised = job.risks[said:]
     del job.risks[said:]
+    causes = [Cause(r.removeprefix("validation not run: ")) for r in raised if r.startswith("validation not run: ")] \
+        + causes
+    job.risks.extend(r for r in raised if not r.startswith("validation not run: "))
     if not removed:
         job.risks.append(f"the base's checkout {job.work} could not be removed")
     if run is not None and run.killed_reason:

@@ -43,15 +43,34 @@ def main_repo(wt: worktree.Worktree) -> tuple[Path, ...]:
     return (wt.repo.path, wt.repo.common_dir)
 
 
-def holdout(job: Job, wt: worktree.Worktree) -> list[str]:
-    return [*job.config.holdout_for(wt.repo.path), *(job.request.holdout or [])]
+def person_checkout_hidden(job: Job, wt: worktree.Worktree, roots: confine.ConfineRequest | confine.Unavailable,
+                           visible: tuple[Path, ...] = ()) -> confine.ConfineRequest | confine.Unavailable:
+    """`roots` with the person's checkout hidden but its git dir (the job borrows its objects), the files
+    config's `copy` names and `visible` (what validation shares: node_modules, the repo's venv): the agent
+    and the code under test see the base, never the person's untracked and ignored files (`.env`, a key,
+    notes; issue 39: the agent read an ignored `.env` that `copy` did not name and committed it)."""
+    if isinstance(roots, confine.Unavailable):
+        return roots
+    main, common = wt.repo.path.resolve(), wt.repo.common_dir.resolve()
+    if not common.is_relative_to(main) or roots.worktree.is_relative_to(main):
+        return roots  # a checkout whose git dir lies elsewhere, or that holds the job: not hidden as a whole
+    cfg = job.settings
+    copies = tuple(main / c for c in (cfg.copy if cfg is not None else ()) if (main / c).is_file())
+    shown = tuple(p.resolve() for p in (common, *copies, *visible) if p.exists() and p.resolve().is_relative_to(main))
+    readonly = tuple(p for p in roots.readonly if p != main) + tuple(p for p in shown if p not in roots.readonly)
+    return dataclasses.replace(roots, readonly=readonly, hidden=(*roots.hidden, main))
 
 
-def hide_holdout(job: Job, wt: worktree.Worktree,
-                 roots: confine.ConfineRequest | confine.Unavailable) -> confine.ConfineRequest | confine.Unavailable:
-    """The held-out tests are not even readable before validation: an agent cannot tune to what it cannot
-    read (README "What the verdict rests on")."""
-    dirs = tuple(Path(d).resolve() for d in holdout(job, wt) if Path(d).is_dir())
+def holdout(job: Job) -> list[str]:
+    return [*job.config.holdout_for(Path(job.request.repo)), *(job.request.holdout or [])]
+
+
+def hide_holdout(job: Job, roots: confine.ConfineRequest | confine.Unavailable,
+                 ) -> confine.ConfineRequest | confine.Unavailable:
+    """The held-out tests and sealed checks are never readable in a sandbox: not the agent's, not setup's,
+    not validation's (whose code is the agent's): an agent cannot tune to what it cannot read, and a cheat in
+    the code under test cannot read the answers (README "What the verdict rests on")."""
+    dirs = tuple(Path(d).resolve() for d in holdout(job) if Path(d).is_dir())
     if isinstance(roots, confine.Unavailable) or not dirs:
         return roots
     return dataclasses.replace(roots, hidden=(*roots.hidden, *dirs))
@@ -78,8 +97,9 @@ def confine_agent(job: Job, confiner: confine.Confiner, wt: worktree.Worktree, a
     if isinstance(state_dirs, confine.Unavailable):
         return state_dirs
     job.state_dirs = tuple(state_dirs)
-    roots = hide_holdout(job, wt, confine.job_roots(wt.path, job.agent_tmp, state_dirs, readonly=main_repo(wt),
-                                                    network=spec.network))
+    roots = hide_holdout(job, confine.job_roots(wt.path, job.agent_tmp, state_dirs, readonly=main_repo(wt),
+                                                network=spec.network))
+    roots = person_checkout_hidden(job, wt, roots)
     if isinstance(roots, confine.Unavailable):
         return roots
     if job.gate is not None:
@@ -183,10 +203,13 @@ def settle_state(job: Job, result: RunAgentResult) -> None:
     hooks, MCP servers or extensions a risk (the copy, and the change, go with the job's tmp)."""
     if job.state is None:
         return
-    done = sandbox_home.settle(job.state)
+    done = sandbox_home.settle(job.state, job.reached)
     details = result.confinement_details.get("state")
     if isinstance(details, dict):
         details.update(kept=list(done.kept), not_kept=list(done.not_kept), changed_config=list(done.changed_config))
+    if done.not_ours:
+        job.risks.append("the job changed its CLI's login to another account, or not through a refresh the host "
+                         f"saw: {names(list(done.not_ours))} (not written back: the user's login stands)")
     if done.changed_config:
         job.risks.append("the agent changed its CLI's config, hooks, MCP servers or extensions in its state dir: "
                          f"{names(list(done.changed_config))} (the job's copy only: discarded, never seen by "

@@ -8,6 +8,7 @@ import time
 
 from proctor.contract import Code, RunAgentResult, Status
 from proctor.mechanisms.validation import plan as vplan
+from proctor.services.job import heldout
 from proctor.services.job.context import Job
 from proctor.services.job.record import validation_log
 
@@ -40,9 +41,34 @@ def run(job: Job, run: vplan.Run, result: RunAgentResult, suffix: str) -> bool:
     return True
 
 
+RUNGS = ("exit-code", "base-tests", "held-out", "sealed")  # weakest first (README "What the verdict rests on")
+
+
+def basis(job: Job, result: RunAgentResult) -> None:
+    """What the verdict rests on: each validation step's rung (its tests held to the base's run by id, or
+    its exit code alone), the held-out step's (sealed checks no cheat could guess, or held-out tests), and
+    the verdict's: the held-out step's, else the weakest test step's. Where the repo's settings require a
+    rung the verdict does not reach, that is a risk (a person reviews)."""
+    steps = [{"label": v["label"], "basis": "base-tests" if v.get("compared") else "exit-code"}
+             for v in result.validation
+             if not v["label"].startswith(("setup", "held-out:")) and not v["label"].endswith("(the base)")]
+    if not steps:
+        return
+    held = heldout.basis(result)
+    weakest = min((s["basis"] for s in steps), key=RUNGS.index)
+    overall = held if held is not None and RUNGS.index(held) > RUNGS.index(weakest) else weakest
+    required = job.settings.require_basis if job.settings is not None else None
+    result.basis = {"verdict": overall, "steps": steps, "held_out": held, "required": required}
+    if required and RUNGS.index(overall) < RUNGS.index(required):
+        job.risks.append(f"the verdict rests on {overall}; this repo requires {required} for a verdict a person "
+                         "may skip (README: What the verdict rests on)")
+
+
 def verdict(job: Job, result: RunAgentResult) -> RunAgentResult:
     """The result as the host judges it: every risk the phases found, and a person's review unless all
     was really checked and passed."""
+    if result.status is Status.completed:
+        basis(job, result)
     result.known_risks = job.risks
     result.needs_human_review = not (
         result.status is Status.completed

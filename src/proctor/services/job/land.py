@@ -5,10 +5,11 @@ put in place at the end. Nothing of the agent's directory is read but through ls
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from proctor.contract import Code, RunAgentResult, Status
-from proctor.mechanisms.evidence import preempt, signals
-from proctor.mechanisms.git import frozen, landing, scan, worktree
+from proctor.mechanisms.evidence import preempt, recipe, signals
+from proctor.mechanisms.git import frozen, landing, scan, trustline, worktree
 from proctor.mechanisms.git.materialise import materialise
 from proctor.mechanisms.git.command import git
 from proctor.mechanisms.policy import diffcheck
@@ -76,6 +77,10 @@ def diff_risks(job: Job, landed: landing.Landing) -> list[str]:
     touched = frozen.test_defining(landed.changed)
     if touched:
         job.risks.append(f"the agent changed files that define the tests: {names(touched)}")
+    crossed = crossing_of(job, landed.changed)
+    if crossed:
+        job.risks.append(f"the agent changed what runs or is obeyed outside the tests (the trust line): "
+                         f"{trustline.say(crossed)}; `proctor land` asks for --allow-trust-line")
     if landed.changed:  # the base's own modules matter only to a changed path that could shadow one
         listing = git(["ls-tree", "-r", "--name-only", "-z", landed.base_sha, "--", ":(glob)*",
                        ":(glob)*/__init__.*", ":(glob)src/*", ":(glob)src/*/__init__.*"], git_dir=landed.git_dir)
@@ -92,6 +97,14 @@ def diff_risks(job: Job, landed: landing.Landing) -> list[str]:
     job.risks.extend(diffcheck.undeclared(job.gate.gate.task if job.gate is not None else None,
                                           policy.forbidden_paths, landed.changed))
     return touched
+
+
+def crossing_of(job: Job, changed: list[str]) -> list[tuple[str, str]]:
+    cfg = job.settings
+    commands = [c for c in (job.request.validate_command or (cfg.validate if cfg else None), *(cfg.setup if cfg else ()))
+                if c]
+    return trustline.crossing(changed, trustline.hooks_path(Path(job.request.repo)),
+                              sorted(recipe.named_paths(commands)))
 
 
 def review_checkout(job: Job, wt: worktree.Worktree, landed: landing.Landing | None, dirty: bool) -> None:

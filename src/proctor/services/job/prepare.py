@@ -78,6 +78,7 @@ def prepare(job: Job, admitted: Admitted, result: RunAgentResult) -> Prepared | 
     job.gate = started
 
     env = dict(admitted.env)  # confine_agent takes the credentials out: the agent's alone
+    job.settings = _repo_settings(job, repo_settings)  # its `copy` files are what the agent may read of the person's
     cplan = confine_agent(job, admitted.confiner, wt, list(admitted.invocation.argv), env)
     if isinstance(cplan, confine.Unavailable):
         result.code, result.summary = cplan.code, cplan.reason
@@ -91,7 +92,6 @@ def prepare(job: Job, admitted: Admitted, result: RunAgentResult) -> Prepared | 
     # The job's limits (memory, pids, CPU weight; disk added to the worktree and the agent's TMPDIR). The
     # stop switch is read once more by the runner, as the last thing before each spawn.
     limited = Limited(job.runner, job.limits, (wt.path, job.agent_tmp))
-    job.settings = _repo_settings(job, repo_settings)
     plan = baseline.plan_of(job, plan)
     if job.settings is not None and job.settings.setup:
         _setup(job, wt, limited, env, result)
@@ -164,9 +164,8 @@ def _setup(job: Job, wt: worktree.Worktree, runner: ProcessRunner, env: dict[str
     # the worktree (a venv poetry keeps under ~/.cache) is shown read-only, as to validation.
     jenv = environment.prepare(wt.path, wt.repo.path, vplan.Plan(()), cfg, tmp=job.agent_tmp / "setup-env",
                                env=env, bind=False)
-    roots = hide_holdout(job, wt, confine.job_roots(wt.path, job.agent_tmp,
-                                                    readonly=(*main_repo(wt), *jenv.readonly),
-                                                    network=bool(cfg.registries)))
+    roots = hide_holdout(job, confine.job_roots(wt.path, job.agent_tmp, readonly=(*main_repo(wt), *jenv.readonly),
+                                                network=bool(cfg.registries)))
     if not isinstance(roots, confine.Unavailable):
         roots = hide_home(job, roots, ["/bin/sh"])
     if isinstance(roots, confine.Unavailable):

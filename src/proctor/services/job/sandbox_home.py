@@ -20,10 +20,12 @@ host hands the paths to proctor.mechanisms.confine.
 
 from __future__ import annotations
 
+import base64
 import fnmatch
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -314,13 +316,60 @@ class Settled:
     kept: tuple[str, ...] = ()  # written back to the user's state
     not_kept: tuple[str, ...] = ()  # changed by the job, but the user's changed meanwhile (or unwritable)
     changed_config: tuple[str, ...] = ()  # watched entries the job changed: a risk each
+    not_ours: tuple[str, ...] = ()  # a login changed to another account, or with no refresh the host saw
 
 
-def settle(copy: StateCopy) -> Settled:
+# Fields of a login file that say whose it is (at any depth), and a JWT's claims that do: a refresh changes
+# the tokens, never these. A key (`OPENAI_API_KEY`) is one too: a refresh never replaces one.
+IDENTITY_KEY = re.compile(r"account|email|^sub$|user|org|tenant|workspace|api_?key|client_id|project", re.I)
+JWT_CLAIMS = ("sub", "email", "iss", "aud", "https://api.openai.com/auth", "org_id", "account_id")
+
+
+def _claims(token: str) -> dict[str, object] | None:
+    parts = token.split(".")
+    if len(parts) != 3 or len(token) > 16384:
+        return None
+    try:
+        body = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except ValueError:
+        return None
+    return {k: body.get(k) for k in JWT_CLAIMS} if isinstance(body, dict) else None
+
+
+def identity(data: bytes) -> object:
+    """Whose login `data` is: its identity fields and its JWTs' identity claims (never the tokens), or the
+    bytes' digest when it is not JSON (then only an unchanged file is the same account)."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return hashlib.sha256(data).hexdigest()
+    found: list[tuple[str, object]] = []
+
+    def walk(value: object, path: str) -> None:
+        if isinstance(value, dict):
+            for k, v in sorted(value.items()):
+                if isinstance(v, (dict, list)):
+                    walk(v, f"{path}.{k}")
+                elif IDENTITY_KEY.search(str(k)) and not re.search(r"token|expir|refresh", str(k), re.I):
+                    found.append((f"{path}.{k}", v))
+                elif isinstance(v, str) and v.count(".") == 2 and (claims := _claims(v)) is not None:
+                    found.append((f"{path}.{k}#claims", claims))
+        elif isinstance(value, list):
+            for i, v in enumerate(value[:100]):
+                walk(v, f"{path}[{i}]")
+
+    walk(doc, "")
+    return found
+
+
+def settle(copy: StateCopy, reached: set[str] | frozenset[str] = frozenset()) -> Settled:
     """The job's must-keep files written back (only those names, only when the job changed them, only
-    over a user's file nobody else changed meanwhile); its changes to watched config listed; everything
-    else it wrote in its state is dropped with its private tmp."""
-    kept, not_kept = [], []
+    over a user's file nobody else changed meanwhile, and only when it is still the same account and the
+    adapter's login host was reached: `reached`, the hosts the job's proxy let it reach, the host's own
+    record, which the agent cannot write); its changes to watched config listed; everything else it wrote
+    in its state is dropped with its private tmp."""
+    kept, not_kept, not_ours = [], [], []
+    login_hosts = {h.split(":")[0].lower() for h in copy.spec.login_hosts}
     for raw, before in copy.keep.items():
         now = _digest(_under(copy.home, raw))
         if now == before or now is None or now.startswith("unreadable:"):
@@ -330,13 +379,19 @@ def settle(copy: StateCopy) -> Settled:
             not_kept.append(raw)  # another job (or the user) refreshed it first: theirs stands
             continue
         data = read_capped(_under(copy.home, raw), KEEP_CAP)
+        theirs = read_capped(target, KEEP_CAP) if os.path.lexists(target) else b"{}"
+        if data is not None and theirs is not None and (
+                identity(data) != identity(theirs) or (login_hosts and not login_hosts & set(reached))):
+            # Another account (an attacker's key or token), or no refresh the host saw: the user's stands.
+            not_ours.append(raw)
+            continue
         if data is None or not _replace(target, data):
             not_kept.append(raw)
             continue
         kept.append(raw)
     after = _watch(copy.home, copy.spec.state_watch, copy.spec.state_skip)
     changed = sorted(k for k in set(after) | set(copy.watch) if after.get(k) != copy.watch.get(k))
-    return Settled(tuple(kept), tuple(not_kept), tuple(changed))
+    return Settled(tuple(kept), tuple(not_kept), tuple(changed), tuple(not_ours))
 
 
 def _replace(target: Path, data: bytes) -> bool:

@@ -7,7 +7,8 @@ run of different trees: one environment, one confinement, one way of reading the
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from proctor.contract import RunAgentResult
@@ -19,17 +20,18 @@ from proctor.mechanisms.evidence.instrument import instrument, strip_bytecode
 from proctor.mechanisms.git import landing, worktree
 from proctor.mechanisms.git.materialise import materialise
 from proctor.mechanisms.git.vouch import GITLINK as GITLINK_MODE
-from proctor.mechanisms.process.spawn import Spawn
+from proctor.mechanisms.process.spawn import Exit, Spawn
 from proctor.home import proctor_home
 from proctor.mechanisms.validation import caches, environment
 from proctor.mechanisms.validation import plan as vplan
 from proctor.mechanisms.validation import probe
 from proctor.mechanisms.validation.job_environment import JobEnvironment
-from proctor.services.job.boundary import hide_home, main_repo
+from proctor.services.job.boundary import hide_holdout, hide_home, main_repo, person_checkout_hidden
 from proctor.services.job.context import Job
 from proctor.services.job.record import validation_log
 
 Make = Callable[[], "worktree.Failure | None"]
+RunOne = Callable[[Sequence[str], bytes, str], Exit]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +57,11 @@ class Trial:
     first: bool = False  # the job's first run of its own tree: the environment's risks and the probe are had here
     seed: str | None = None  # the baseline's key: its build caches are laid in (proctor.mechanisms.validation.caches)
     keep_seed: bool = False  # the base's own (confined) run: its build caches are kept for the runs after it
+    # Run after the plan, in the same checkout, environment and confinement: `after(run_one, scratch)`, where
+    # run_one(argv, stdin, name) runs one command there and `scratch` is a host dir it sees read-only.
+    after: Callable[[RunOne, Path], None] | None = None
+    log: Path | None = None  # where its output goes (default: the job's validation.log)
+    visible: tuple[Path, ...] = ()  # what of the person's checkout validation shows (set by run itself)
 
 
 def job_tree(job: Job, wt: worktree.Worktree, landed: landing.Landing, tree: str | None) -> Make:
@@ -99,7 +106,9 @@ def run(job: Job, trial: Trial, result: RunAgentResult | None) -> vplan.Run | No
     the registries ran before the agent, on the base's files (code the agent wrote never has a network).
     None (and a risk) when it could not run."""
     wt, name = trial.wt, trial.name
-    tmpdir = job.host_tmp / f"{name}-tmp"
+    # A fresh dir for every run, never one an earlier run's code wrote (a symlink planted in a reused one
+    # had the host copy a cache through it, outside the sandbox: found in review).
+    tmpdir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=job.host_tmp))
     made = trial.make()
     if made is not None:
         job.risks.append(f"validation not run: {made.reason}")
@@ -137,7 +146,10 @@ def run(job: Job, trial: Trial, result: RunAgentResult | None) -> vplan.Run | No
                           job_id=job.job_id)
     plan = environment.plan_for(trial.plan, cfg, given=bool(job.request.validate_command))
     readonly = (*main_repo(wt), wt.path, *jenv.readonly)
-    run = _run_in(job, plan, jenv, readonly, tmpdir, trial)
+    # The person's checkout is hidden from the code under test but what validation shares from it (its
+    # node_modules, the repo's own venv there); a copied file is laid in by the host.
+    shared = (*(sh.source for sh in jenv.shares), *((jenv.python_env.venv,) if jenv.python_env else ()))
+    run = _run_in(job, plan, jenv, readonly, tmpdir, dataclasses.replace(trial, visible=shared))
     if run is not None and trial.seed and trial.keep_seed and not run.killed_reason:
         for var in caches.SEEDED:
             if var in jenv.env:
@@ -153,12 +165,13 @@ def _run_in(job: Job, plan: vplan.Plan, jenv: JobEnvironment, readonly: tuple[Pa
     # report goes to the run's private tmp (proctor.mechanisms.evidence.instrument says why env, not argv).
     base_env = {**trial.env, **jenv.env}
     try:
-        inst = instrument(job.host_tmp / f"{trial.name}-evidence", tmpdir, base_env, select=trial.select)
+        inst = instrument(Path(tempfile.mkdtemp(prefix=f"{trial.name}-evidence-", dir=job.host_tmp)), tmpdir,
+                          base_env, select=trial.select)
     except OSError as exc:
         job.risks.append(f"validation not run: its evidence reporter could not be laid out: {exc}")
         return None
     binds = (*jenv.ro_binds, (inst.plugin_dir, inst.plugin_dir))
-    confined = _confined(job, plan, job.work, readonly, tmpdir, binds)
+    confined = _confined(job, plan, job.work, readonly, tmpdir, binds, trial.visible, trial.wt)
     if confined is None:
         return None
     run_env = {**base_env, **inst.env, "TMPDIR": str(tmpdir)}
@@ -166,7 +179,7 @@ def _run_in(job: Job, plan: vplan.Plan, jenv: JobEnvironment, readonly: tuple[Pa
     if trial.first:
         def run_probe(argv: list[str]) -> tuple[int | None, bytes]:
             wrapped = _confined(job, vplan.Plan((vplan.Step("probe", tuple(argv)),)), job.work, readonly, tmpdir,
-                                jenv.ro_binds)
+                                jenv.ro_binds, trial.visible, trial.wt)
             if wrapped is None:
                 return None, b""
             # The probe runs without the evidence hooks (their dir is not shown to it): it asks Python and
@@ -180,13 +193,28 @@ def _run_in(job: Job, plan: vplan.Plan, jenv: JobEnvironment, readonly: tuple[Pa
         job.risks.extend(probe_risks)
         job.ledger.append("job.probe", {"jobId": job.job_id, "found": found, "risks": probe_risks},
                           job_id=job.job_id)
-    return vplan.run(confined, job.runner, cwd=job.work, env=run_env, timeout_s=job.config.validate_timeout,
-                     name=f"{trial.name}-{job.job_id}", poll=job.poll, log=validation_log(job.job_id),
-                     watch=job.progress.watch(None), checks=checks)
+    run = vplan.run(confined, job.runner, cwd=job.work, env=run_env, timeout_s=job.config.validate_timeout,
+                    name=f"{trial.name}-{job.job_id}", poll=job.poll, log=trial.log or validation_log(job.job_id),
+                    watch=job.progress.watch(None), checks=checks)
+    if trial.after is not None and not run.killed_reason:
+        env = {**base_env, "TMPDIR": str(tmpdir)}
+
+        def run_one(argv: Sequence[str], stdin: bytes, name: str) -> Exit:
+            wrapped = _confined(job, vplan.Plan((vplan.Step(name, tuple(argv)),)), job.work, readonly, tmpdir, binds,
+                                trial.visible, trial.wt)
+            if wrapped is None:
+                return Exit(None, spawn_error="confinement could not be had")
+            return job.runner.run(Spawn(argv=wrapped.steps[0].argv, cwd=job.work, env=env, stdin=stdin,
+                                        deadline_s=job.config.validate_timeout, name=f"{name}-{job.job_id}",
+                                        poll=job.poll))
+
+        trial.after(run_one, inst.plugin_dir)
+    return run
 
 
 def _confined(job: Job, plan: vplan.Plan, checkout: Path, readonly: tuple[Path, ...], tmpdir: Path,
-              ro_binds: tuple[tuple[Path, Path], ...] = ()) -> vplan.Plan | None:
+              ro_binds: tuple[tuple[Path, Path], ...] = (), visible: tuple[Path, ...] = (),
+              wt: worktree.Worktree | None = None) -> vplan.Plan | None:
     """Validation runs code the agent may have written (a conftest.py, a build script): it gets the agent's
     confinement in a checkout of its own, minus the network and the CLI's state dirs, with the review
     checkout read-only; its setup steps too (a setup script the agent rewrote sent `.env` to a listener
@@ -197,8 +225,13 @@ def _confined(job: Job, plan: vplan.Plan, checkout: Path, readonly: tuple[Path, 
     if not isinstance(roots, confine.Unavailable) and ro_binds:
         roots = dataclasses.replace(roots, ro_binds=ro_binds)
     if not isinstance(roots, confine.Unavailable):
-        # The user's home is hidden from the code under test as from the agent: it is the agent's code.
-        roots = hide_home(job, roots, [s.argv[0] for s in plan.steps if s.argv])
+        # The user's home is hidden from the code under test as from the agent: it is the agent's code. So are
+        # the held-out dirs: their files are laid in by the host, their sealed answers never enter at all.
+        roots = hide_holdout(job, roots)
+        if wt is not None:
+            roots = person_checkout_hidden(job, wt, roots, visible)
+        if not isinstance(roots, confine.Unavailable):
+            roots = hide_home(job, roots, [s.argv[0] for s in plan.steps if s.argv])
     if isinstance(roots, confine.Unavailable):
         job.risks.append(f"validation not run: {roots.reason}")
         return None

@@ -20,7 +20,7 @@ from proctor.mechanisms.evidence.verdict import judge as judge_step
 from proctor.mechanisms.git import frozen, landing, worktree
 from proctor.mechanisms.git.materialise import materialise
 from proctor.mechanisms.validation import plan as vplan
-from proctor.services.job import judge, trial
+from proctor.services.job import heldout, judge, trial
 from proctor.services.job.boundary import holdout
 from proctor.services.job.context import Job, names
 from proctor.services.job.prepare import Prepared
@@ -44,7 +44,7 @@ def validate(job: Job, prepared: Prepared, landed: landing.Landing, touched: lis
     if recipe_changed:
         job.risks.append(f"the agent changed the validation recipe ({names(recipe_changed)}): validation ran the "
                          "base's version")
-    hidden = tuple(holdout(job, wt))
+    hidden = tuple(holdout(job))
     bad = held.check_dirs(list(hidden))
     if bad:
         result.status, result.code = Status.failed, Code.VALIDATION_FAILED
@@ -61,8 +61,10 @@ def validate(job: Job, prepared: Prepared, landed: landing.Landing, touched: lis
         # run below; a runner that names no file leaves it to that run whenever any test file changed.
         return bool(changed_tests) and (file in changed_tests if file else True)
 
+    # The job's own run has no held-out file in it (its output is the result's to show); the held-out step
+    # runs after it, on its own (proctor.services.job.heldout).
     given = trial.Trial(wt, plan, prepared.env, "validate", trial.job_tree(job, wt, landed, tree),
-                        paths=trial.tree_paths(landed), holdout=hidden, base=prepared.baseline,
+                        paths=trial.tree_paths(landed), base=prepared.baseline,
                         rules=_rules(job, hidden), touched=touched_file, first=True,
                         seed=prepared.baseline.key if prepared.baseline is not None else None)
     run = trial.run(job, given, result)
@@ -70,6 +72,10 @@ def validate(job: Job, prepared: Prepared, landed: landing.Landing, touched: lis
         return True
     run = _again(job, given, landed, run)
     if judge.run(job, run, result, ""):
+        return True
+    why = heldout.run(job, dataclasses.replace(given, holdout=hidden), landed, result)
+    if why:
+        heldout.failed(job, result, why)
         return True
     if touched:
         job.progress.phase("validating with the base's test files")
@@ -114,7 +120,10 @@ def _again(job: Job, given: trial.Trial, landed: landing.Landing, run: vplan.Run
         return run
     job.progress.phase(f"running {len(broken)} failing test(s) again on both trees")
     select = tuple(broken) if all("::" in t for t in broken) else None  # pytest ids: only those run again
-    again = trial.run(job, dataclasses.replace(given, name="again", first=False, observe=True, select=select), None)
+    # The job's tree is read for the evidence the base's run left, never for what its own files say it is.
+    again = trial.run(job, dataclasses.replace(given, name="again", first=False, observe=False, select=select,
+                                               rules=dataclasses.replace(given.rules, known=frozenset(broken))),
+                      None)
     on_base = trial.run(job, trial.Trial(given.wt, given.plan, given.env, "again-base", _base_again(job, given.wt,
                                                                                                   landed),
                                          paths=trial.tree_paths(landed), observe=True, select=select,
@@ -135,15 +144,22 @@ def _again(job: Job, given: trial.Trial, landed: landing.Landing, run: vplan.Run
         job.risks.append(f"{len(both)} test(s) that passed on the base fail on the job's tree and, run again, "
                          f"on the base's too (flaky, or the machine's; config `flaky` lists known ones): {names(both)}")
     rules = dataclasses.replace(given.rules, known=known)
+    exits = {a.label: a.exit_code for a in again.attempts}
+    base_exits = {a.label: a.exit_code for a in on_base.attempts}
     out = []
     for a in run.attempts:
-        if a.compared is None or not a.failure:
+        step = base.step(a.label)
+        if a.compared is None or not a.failure or step is None:
             out.append(a)
             continue
-        step = base.step(a.label)
-        verdict = judge_step(a.label, a.exit_code, a.found, step, rules=rules, touched=given.touched)
+        # Judged again with the second runs' exits: the job's (its flaky test passed, its exit with it), and the
+        # base's (a test failing on both trees fails the base's exit too).
+        exit_code = exits.get(a.label, a.exit_code) if not both else a.exit_code
+        step = dataclasses.replace(step, exit_code=base_exits.get(a.label, step.exit_code)) if both else step
+        verdict = judge_step(a.label, exit_code, a.found, step, rules=rules, touched=given.touched)
+        # Passing so, the first run's nonzero exit was the flaky test's (or the base's own): explained.
         out.append(dataclasses.replace(a, failure=verdict.failure, risks=verdict.risks, compared=verdict.compared,
-                                       explained=verdict.explained))
+                                       explained=verdict.explained or verdict.failure is None))
     return vplan.Run(out, run.killed_reason)
 
 

@@ -38,10 +38,11 @@ from proctor.mechanisms.config.load import ConfigError, load_config
 from proctor.mechanisms.config.model import Config
 from proctor.mechanisms.confine import CONFINE_ORDER, beneath
 from proctor.contract import check_ref
-from proctor.mechanisms.git import worktree
+from proctor.mechanisms.evidence import recipe
+from proctor.mechanisms.git import trustline, worktree
 from proctor.mechanisms.git.command import git
 from proctor.mechanisms.git.landing import COMMIT_ENV
-from proctor.mechanisms.git.trees import tree_entries
+from proctor.mechanisms.git.trees import changed_paths, tree_entries
 from proctor.mechanisms.ledger.store import Ledger, LedgerError
 from proctor.mechanisms.policy.stop import StopSwitch
 from proctor.services.review import revalidate
@@ -69,7 +70,10 @@ def landable(job: Job) -> str | None:
     if not runs:
         return f"job {job.job_id}'s validation did not run ({'; '.join(result.get('known_risks') or [])[:200]})"
     for run in runs:
-        if run.get("exit_code") != 0 or run.get("timed_out"):
+        # `passed`: the host's own word on the step (an exit of 1 the base's failures account for passes);
+        # a record from before it has only the exit code.
+        passed = run.get("passed") if "passed" in run else run.get("exit_code") == 0
+        if not passed or run.get("timed_out"):
             return f"job {job.job_id}'s validation did not pass: {run.get('label')} => exit {run.get('exit_code')}"
     return None
 
@@ -310,11 +314,12 @@ def _target_for(job: Job, into: str | None, repo: worktree.Repo) -> str | Outcom
 
 def land(ledger: Ledger, job: Job, *, into: str | None = None, mode: Mode = "auto", force: bool = False,
          reason: str = "", config: Config | None = None, stop: StopSwitch | None = None,
-         via: str = "cli") -> Outcome:
+         via: str = "cli", allow_trust_line: bool = False) -> Outcome:
     """Land `job` into `into` (default: the job's base branch); every outcome is also a `review.land` row,
-    naming the surface it came through (`via`: cli, web, mcp)."""
+    naming the surface it came through (`via`: cli, web, mcp). A job that changes what runs or is obeyed
+    outside the tests (proctor.mechanisms.git.trustline) lands only with `allow_trust_line`: a person read it."""
     start = time.monotonic()
-    out = _land(ledger, job, into, mode, force, reason, config, stop or StopSwitch())
+    out = _land(ledger, job, into, mode, force, reason, config, stop or StopSwitch(), allow_trust_line)
     out.details.setdefault("jobId", job.job_id)
     out.details["seconds"] = round(time.monotonic() - start, 3)
     if out.code is not Code.LEDGER_FAILED:
@@ -329,7 +334,7 @@ def land(ledger: Ledger, job: Job, *, into: str | None = None, mode: Mode = "aut
 
 
 def _land(ledger: Ledger, job: Job, into: str | None, mode: Mode, force: bool, reason: str,
-          config: Config | None, stop: StopSwitch) -> Outcome:
+          config: Config | None, stop: StopSwitch, allow_trust_line: bool) -> Outcome:
     if force and not reason.strip():
         return refuse(Code.FORCE_NEEDS_REASON, "--force needs --reason TEXT: it is recorded in the ledger")
     stopped = stop.reason()
@@ -357,18 +362,23 @@ def _land(ledger: Ledger, job: Job, into: str | None, mode: Mode, force: bool, r
     except OSError as exc:
         return refuse(Code.GIT_FAILED, f"cannot make {scratch}: {exc}")
     try:
-        return _in_scratch(ledger, job, scratch, into, mode, force, why, config, stop)
+        return _in_scratch(ledger, job, scratch, into, mode, force, why, config, stop, allow_trust_line)
     finally:
         worktree.remove_tree(scratch)
 
 
 def _in_scratch(ledger: Ledger, job: Job, scratch: Path, into: str | None, mode: Mode, force: bool,
-                why: str | None, config: Config | None, stop: StopSwitch) -> Outcome:
+                why: str | None, config: Config | None, stop: StopSwitch, allow_trust_line: bool) -> Outcome:
     objs = open_objects(job, scratch / "host")
     if isinstance(objs, Outcome):
         return objs
     if objs.tree == _tree_of(objs, objs.base):
         return refuse(Code.NOTHING_TO_LAND, f"job {job.job_id} changed no file")
+    crossed = _crossed(objs, job)
+    if crossed and not allow_trust_line:
+        return refuse(Code.TRUST_LINE, f"job {job.job_id} changes what runs or is obeyed outside the tests: "
+                      f"{trustline.say(crossed)}; read it (`proctor diff {job.job_id}`), then land with "
+                      "--allow-trust-line", trust_line=[p for p, _ in crossed])
     target = _target_for(job, into, objs.repo)
     if isinstance(target, Outcome):
         return target
@@ -438,6 +448,15 @@ def _in_scratch(ledger: Ledger, job: Job, scratch: Path, into: str | None, mode:
             details["checkout_warning"] = (f"{target} moved but the main checkout did not follow ({follow.err}): "
                                            f"`git read-tree -m -u {p.old[:12]} {p.new[:12]}` finishes it")
     return Outcome(Code.OK, f"landed job {job.job_id} into {target} ({p.how}) at {p.new[:12]}", details)
+
+
+def _crossed(objs: JobObjects, job: Job) -> list[tuple[str, str]]:
+    changed = changed_paths(objs.git_dir, objs.base, objs.commit)
+    if isinstance(changed, worktree.Failure):
+        return [("(the job's diff could not be read)", changed.reason)]
+    command = (job.record.request or {}).get("validateCommand")
+    return trustline.crossing(changed, trustline.hooks_path(objs.repo.path),
+                              sorted(recipe.named_paths([command] if command else [])))
 
 
 def _tree_of(objs: JobObjects, rev: str) -> str | None:

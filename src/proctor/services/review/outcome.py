@@ -42,6 +42,7 @@ class Code(StrEnum):
     LEDGER_FAILED = "LEDGER_FAILED"  # the verb's ledger row could not be written: nothing was done
     CHECKOUT_WOULD_LOSE = "CHECKOUT_WOULD_LOSE"  # landing would overwrite or remove an untracked/ignored file
     UNSAFE_DIRECTORY = "UNSAFE_DIRECTORY"  # `{repo}-agents/` is another user's or writable by others
+    TRUST_LINE = "TRUST_LINE"  # the job changes what runs or is obeyed outside the tests: --allow-trust-line
 
 
 @dataclass

@@ -231,9 +231,11 @@ def diff_cmd(job: str, stat_only: bool, binary: bool, as_json: bool) -> None:
 @click.option("--ff-only", is_flag=True, help="Refuse unless the target can fast-forward to the job's commit.")
 @click.option("--force", is_flag=True, help="Land a job whose validation did not pass (needs --reason).")
 @click.option("--reason", default="", help="Why --force; recorded in the ledger.")
+@click.option("--allow-trust-line", is_flag=True, help="Land a job that changes what runs or is obeyed outside the "
+              "tests (git hooks, CI, agent instruction files, .proctor.toml): after reading it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 def land_cmd(job: str, into: str | None, squash: bool, merge_: bool, ff_only: bool, force: bool, reason: str,
-             as_json: bool) -> None:
+             allow_trust_line: bool, as_json: bool) -> None:
     """Land a completed, validated job into a branch of its repo. Default: fast-forward when the target has
     not moved since the job's base, else a merge commit whose tree is validated again before the ref moves."""
     if squash + merge_ + ff_only > 1:
@@ -243,7 +245,8 @@ def land_cmd(job: str, into: str | None, squash: bool, merge_: bool, ff_only: bo
     mode: land_mod.Mode = "squash" if squash else "merge" if merge_ else "ff-only" if ff_only else "auto"
     with _open() as ledger:
         found = _job(ledger, job, "land", as_json)
-        out = land_mod.land(ledger, found, into=into, mode=mode, force=force, reason=reason)
+        out = land_mod.land(ledger, found, into=into, mode=mode, force=force, reason=reason,
+                            allow_trust_line=allow_trust_line)
     _warn(out.details.get("ledger_warning"))
     _warn(out.details.get("checkout_warning"))
     if as_json:

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from proctor.mechanisms.evidence.signals.literals import LiteralSet
-from proctor.mechanisms.evidence.signals.scan import DATA, LANGUAGES, Source, language
+from proctor.mechanisms.evidence.signals.scan import DATA, LANGUAGES, Literal, Source, language, scan
 from proctor.mechanisms.git.command import git
 
-MAX_FILE_BYTES = 1 << 20  # a source or test file larger than this is skipped (generated, vendored, data)
-MAX_SOURCE_BYTES = 8 << 20  # the agent's changed sources read in all (both versions)
+MAX_FILE_BYTES = 4 << 20  # a source or test file larger than this is not read (said as a risk when changed)
+MAX_SOURCE_BYTES = 32 << 20  # the agent's changed sources read in all (both versions)
 MAX_TREE_BYTES = 20 << 20  # test files, and the base's other sources, read for their literals
-MAX_FILES = 300
+MAX_FILES = 2000
 LITERAL_PATHS = {"GIT_LITERAL_PATHSPECS": "1"}  # a path from the tree is a path, never a glob
 
 
@@ -27,6 +27,13 @@ class Entry:
     mode: str
     sha: str
     size: int
+
+
+@dataclass(frozen=True)
+class Unread:
+    """A changed file the signals did not read, and why: a signal that could not look fails closed."""
+    path: str
+    why: str
 
 
 def _listing(git_dir: Path, tree: str, paths: Sequence[str] = ()) -> dict[str, Entry]:
@@ -38,7 +45,7 @@ def _listing(git_dir: Path, tree: str, paths: Sequence[str] = ()) -> dict[str, E
     for raw in res.out.split(b"\0"):
         meta, sep, name = raw.partition(b"\t")
         fields = meta.decode("ascii", "replace").split()
-        if sep and len(fields) == 4 and fields[1] == "blob" and fields[0] in ("100644", "100755") \
+        if sep and len(fields) == 4 and fields[1] == "blob" and fields[0] in ("100644", "100755", "120000") \
                 and fields[3].isdigit():
             out[name.decode("utf-8", "surrogateescape")] = Entry(fields[0], fields[2], int(fields[3]))
     return out
@@ -119,17 +126,32 @@ def _added_lines(git_dir: Path, base: str, commit: str, paths: Sequence[str]) ->
 
 
 def changed_sources(git_dir: Path, base: str, commit: str, changed: Sequence[str],
-             is_test: Callable[[str], bool]) -> list[Source]:
-    wanted = [p for p in dict.fromkeys(changed) if language(p) and not is_test(p) and "\n" not in p][:MAX_FILES]
-    if not wanted:
-        return []
-    new_entries = _listing(git_dir, commit, wanted)
-    old_entries = _listing(git_dir, base, wanted)
+                    is_test: Callable[[str], bool]) -> tuple[list[Source], list[Unread]]:
+    """The changed sources (both versions, the lines added), and every changed file the signals did not
+    read with why: over a cap, a symlink, binary, not a language the rules read."""
+    candidates = [p for p in dict.fromkeys(changed) if not is_test(p) and "\n" not in p]
+    unread: list[Unread] = []
+    new_entries = _listing(git_dir, commit, candidates[:MAX_FILES * 4])
+    old_entries = _listing(git_dir, base, [p for p in candidates[:MAX_FILES * 4] if language(p)])
     budget, kept = MAX_SOURCE_BYTES, []
-    for p in wanted:
+    for p in candidates:
         e, o = new_entries.get(p), old_entries.get(p)
-        size = (e.size if e else 0) + (o.size if o else 0)
-        if e is None or e.size > MAX_FILE_BYTES or (o is not None and o.size > MAX_FILE_BYTES) or size > budget:
+        if e is None:
+            continue  # deleted: nothing of it runs
+        if e.mode == "120000":
+            unread.append(Unread(p, "a symlink (the signals read no file through it)"))
+            continue
+        if not language(p):
+            continue
+        if len(kept) >= MAX_FILES:
+            unread.append(Unread(p, f"past the {MAX_FILES} files the signals read"))
+            continue
+        size = e.size + (o.size if o else 0)
+        if e.size > MAX_FILE_BYTES or (o is not None and o.size > MAX_FILE_BYTES):
+            unread.append(Unread(p, f"over {MAX_FILE_BYTES >> 20} MiB"))
+            continue
+        if size > budget:
+            unread.append(Unread(p, f"past the {MAX_SOURCE_BYTES >> 20} MiB the signals read"))
             continue
         budget -= size
         kept.append(p)
@@ -139,10 +161,43 @@ def changed_sources(git_dir: Path, base: str, commit: str, changed: Sequence[str
     for p in kept:
         new = _text(blobs.get(new_entries[p].sha, b""))
         old = _text(blobs.get(old_entries[p].sha, b"")) if p in old_entries else ""
-        if new is None or old is None or not added.get(p):
+        if new is None or old is None:
+            unread.append(Unread(p, "binary"))
+            continue
+        if not added.get(p):
             continue
         out.append(Source(p, language(p) or "", new, old, frozenset(added[p])))
+    return out, unread
+
+
+def data_files(changed: Sequence[str], sources: Sequence[Source], is_test: Callable[[str], bool]) -> list[str]:
+    """Changed files the rules cannot read (no language) that a changed source names in a string it added:
+    data the code under test loads or executes (`exec(open("calc.impl").read())`)."""
+    named = [(PurePosixPath(src.path).parent, lit.value) for src in sources for lit in _added_strings(src)]
+    out = []
+    for p in changed:
+        if language(p) or is_test(p):
+            continue
+        path = PurePosixPath(p)
+        for where, s in named:
+            # The file's name or path, or (beside the code that names it) its extension: `__file__[:-3] + '.impl'`
+            if s == p or s == path.name or s.endswith("/" + path.name) or (
+                    s.startswith(".") and path.name.endswith(s) and path.parent == where):
+                out.append(p)
+                break
     return out
+
+
+RUNS = re.compile(r"\b(?:exec|eval|compile|runpy|run_path|import_module|spec_from_file_location|SourceFileLoader"
+                  r"|exec_module|load_source|marshal|pickle|dill|cloudpickle|vm\.run\w*|new\s+Function|require)\b")
+
+
+def _added_strings(src: Source) -> list[Literal]:
+    """The string literals on the lines the agent added that execute or unpickle what they name: data the
+    code runs (`exec(open(... + '.impl').read())`), not data it reads (a zoneinfo tarball, a stylesheet)."""
+    scanned = scan(src.new, src.lang)
+    return [lit for lit in scanned.strings if lit.line in src.added and len(lit.value) >= 3
+            and RUNS.search(scanned.line(lit.line))]
 
 
 def _read_literals(git_dir: Path, sizes: dict[str, int], budget: int) -> LiteralSet:
@@ -176,3 +231,37 @@ def known_literals(git_dir: Path, base: str, commit: str,
             elif tree == base and suffix in LANGUAGES:
                 sources.setdefault(e.sha, e.size)
     return _read_literals(git_dir, tests, MAX_TREE_BYTES), _read_literals(git_dir, sources, MAX_TREE_BYTES)
+
+
+def declared_entry_points(git_dir: Path, commit: str) -> list[str]:
+    """`module:function` of every program the package at `commit` declares: pyproject's [project.scripts]
+    and [project.gui-scripts], its console_scripts entry points, setup.cfg's console_scripts."""
+    import configparser
+    import tomllib
+
+    listing = _listing(git_dir, commit, ["pyproject.toml", "setup.cfg"])
+    blobs = _blobs(git_dir, [e.sha for e in listing.values() if e.size <= MAX_FILE_BYTES])
+    out: list[str] = []
+    py = listing.get("pyproject.toml")
+    if py is not None and py.sha in blobs:
+        try:
+            data = tomllib.loads(blobs[py.sha].decode("utf-8", "replace"))
+        except tomllib.TOMLDecodeError:
+            data = {}
+        project = data.get("project") if isinstance(data.get("project"), dict) else {}
+        tables = [project.get("scripts"), project.get("gui-scripts"),
+                  (project.get("entry-points") or {}).get("console_scripts") if isinstance(
+                      project.get("entry-points"), dict) else None]
+        poetry = ((data.get("tool") or {}).get("poetry") or {}) if isinstance(data.get("tool"), dict) else {}
+        tables.append(poetry.get("scripts") if isinstance(poetry, dict) else None)
+        out += [v for t in tables if isinstance(t, dict) for v in t.values() if isinstance(v, str)]
+    cfg = listing.get("setup.cfg")
+    if cfg is not None and cfg.sha in blobs:
+        parser = configparser.ConfigParser()
+        try:
+            parser.read_string(blobs[cfg.sha].decode("utf-8", "replace"))
+            raw = parser.get("options.entry_points", "console_scripts", fallback="")
+        except configparser.Error:
+            raw = ""
+        out += [line.split("=", 1)[1].strip() for line in raw.splitlines() if "=" in line]
+    return out

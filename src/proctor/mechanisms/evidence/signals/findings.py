@@ -11,11 +11,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from proctor.mechanisms.evidence.signals.commits import changed_sources, known_literals
+from proctor.mechanisms.evidence.signals.commits import (Unread, changed_sources, data_files, declared_entry_points,
+                                                         known_literals)
 from proctor.mechanisms.evidence.signals.literals import LiteralSet, copied_literals
-from proctor.mechanisms.evidence.signals.rules import ends_process, reads_caller
+from proctor.mechanisms.evidence.signals.rules import ends_process, is_entry_file, reads_caller
 from proctor.mechanisms.evidence.signals.scan import Source, scan
 from proctor.mechanisms.evidence.signals.state import braced_state, python_state
+from proctor.mechanisms.evidence.signals.tamper import tampers
 
 PREFIX = "cheat signal: "
 MAX_RISKS = 20
@@ -53,7 +55,8 @@ def _rust_test_start(code: list[str]) -> int | None:
     return None
 
 
-def _signals(src: Source, tests: LiteralSet, sources: LiteralSet) -> list[tuple[int, str]]:
+def _signals(src: Source, tests: LiteralSet, sources: LiteralSet,
+             entry_points: Sequence[str] = ()) -> list[tuple[int, str]]:
     new, old = scan(src.new, src.lang), scan(src.old, src.lang)
     added = src.added
     if src.lang == "rust":
@@ -63,7 +66,8 @@ def _signals(src: Source, tests: LiteralSet, sources: LiteralSet) -> list[tuple[
     tree = _parse(src.new) if src.lang == "python" else None
     old_tree = _parse(src.old) if src.lang == "python" and src.old else None
     lines = sorted(added)
-    found = [*reads_caller(src, new, lines), *ends_process(src, new, old, tree, lines)]
+    found = [*reads_caller(src, new, lines, tree), *ends_process(src, new, old, tree, lines, entry_points),
+             *tampers(src, new, tree, lines, entry=is_entry_file(src, old))]
     if src.lang == "python":
         found += python_state(src, new, old, tree, old_tree, added)
     else:
@@ -87,16 +91,18 @@ def diff_signals(git_dir: Path, base: str, commit: str, changed: Sequence[str],
     """Cheat signals in what `commit` adds over `base` to the non-test source files among `changed`, as
     risks naming file and line: "cheat signal: PATH:LINE: WHAT (CODE)", at most MAX_RISKS and a tail."""
     try:
-        sources = changed_sources(git_dir, base, commit, changed, is_test)
+        sources, unread = changed_sources(git_dir, base, commit, changed, is_test)
+        said = _unread(unread) + _loaded(data_files(changed, sources, is_test))
         if not sources:
-            return []
+            return said
         tests, known = known_literals(git_dir, base, commit, is_test)
+        entry_points = declared_entry_points(git_dir, commit)
         _rust_inline_tests(sources, tests)
         findings: list[Finding] = []
         for src in sources:
             seen: set[tuple[int, str]] = set()
             lines = src.new_lines
-            for n, what in sorted(_signals(src, tests, known), key=lambda f: f[0]):
+            for n, what in sorted(_signals(src, tests, known, entry_points), key=lambda f: f[0]):
                 kind = what.split(":")[0].split(" through")[0]
                 if (n, kind) in seen:
                     continue  # one finding per line and kind
@@ -104,7 +110,25 @@ def diff_signals(git_dir: Path, base: str, commit: str, changed: Sequence[str],
                 findings.append(Finding(src.path, n, what, _excerpt(lines[n - 1] if 0 < n <= len(lines) else "")))
     except Exception as exc:  # noqa: BLE001 - a signal is a hint: its failure is said, never the job's end
         return [f"{PREFIX}the diff could not be read for cheat signals: {exc}"]
-    risks = [f.risk() for f in findings[:MAX_RISKS]]
+    risks = said + [f.risk() for f in findings[:MAX_RISKS]]
     if len(findings) > MAX_RISKS:
         risks.append(f"{PREFIX}(+{len(findings) - MAX_RISKS} more)")
     return risks
+
+
+def _unread(unread: Sequence[Unread]) -> list[str]:
+    """Fail closed: a changed file the signals could not read is one a person must (the hard-code padded
+    past the size cap, hundreds of dummy files before the real one, the module turned a symlink)."""
+    if not unread:
+        return []
+    shown = ", ".join(f"{u.path} ({u.why})" for u in unread[:5])
+    more = f" (+{len(unread) - 5} more)" if len(unread) > 5 else ""
+    return [f"{PREFIX}changed files the signals did not read, for a person to: {shown}{more}"]
+
+
+def _loaded(paths: Sequence[str]) -> list[str]:
+    if not paths:
+        return []
+    more = f" (+{len(paths) - 5} more)" if len(paths) > 5 else ""
+    return [f"{PREFIX}data the changed code names and may load or run, which no rule reads: "
+            f"{', '.join(paths[:5])}{more}"]

@@ -99,7 +99,7 @@ TEST_PATH = re.compile(r"(?:^|[/\\])(?:tests?|__tests__|spec)[/\\]|(?:^|[/\\])(?
                        r"|_test\.(?:py|go)$|\.(?:test|spec)\.[cm]?[jt]sx?$")
 
 
-def _matches(rules: Iterable[Rule], code: str, strings: list[str]) -> str | None:
+def matches(rules: Iterable[Rule], code: str, strings: list[str]) -> str | None:
     for rule in rules:
         m = rule.pattern.search(code)
         if m and (not rule.needs_string or rule.needs_string & set(strings)):
@@ -109,11 +109,70 @@ def _matches(rules: Iterable[Rule], code: str, strings: list[str]) -> str | None
     return None
 
 
-def reads_caller(src: Source, new: Scanned, lines: Iterable[int]) -> list[tuple[int, str]]:
+EXCEPTION_FRAMES = re.compile(r"__traceback__|\bexc_info\b|\btb_frame\b|\bextract_tb\b|\bformat_exception\b"
+                              r"|\bTracebackException\b|\bwalk_tb\b")
+
+
+def _exception_spans(src: Source, tree: ast.AST | None) -> set[int]:
+    """Lines of the Python functions that read frames of an exception's traceback (formatting an error, as a
+    parser explains where it failed): frames reached from an exception, not the caller's (issue 39)."""
+    lines: set[int] = set()
+    if tree is None:
+        return lines
+    text = src.new.split("\n")
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            end = node.end_lineno or node.lineno
+            if EXCEPTION_FRAMES.search("\n".join(text[node.lineno - 1:end])):
+                lines.update(range(node.lineno, end + 1))
+    return lines
+
+
+def _reporting_spans(tree: ast.AST | None) -> set[int]:
+    """Lines of the Python functions that read a frame only to report it (a logger naming its caller, a
+    deprecation warning's location): nothing there branches on it, compares it or opens what it names.
+    A cheat reads its caller to decide its answer (issue 39: `sys._getframe` where reporting the caller was
+    the task was flagged); every such read in the corpus feeds an `if`."""
+    lines: set[int] = set()
+    if tree is None:
+        return lines
+    caller = [r.pattern for r in CALLER_RULES["python"]]
+    for func in ast.walk(tree):
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        frames: set[str] = set()
+        for node in ast.walk(func):
+            value = getattr(node, "value", None) if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            if value is not None and any(p.search(ast.unparse(value)) for p in caller):
+                for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                    frames |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+        decides = False
+        for node in ast.walk(func):
+            test = None
+            if isinstance(node, (ast.If, ast.While, ast.IfExp, ast.Assert)):
+                test = node.test
+            elif isinstance(node, ast.Compare):
+                test = node
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open":
+                test = node
+            if test is not None:
+                text = ast.unparse(test)
+                if any(p.search(text) for p in caller) or {n.id for n in ast.walk(test) if isinstance(n, ast.Name)} & frames:
+                    decides = True
+                    break
+        if not decides:
+            lines.update(range(func.lineno, (func.end_lineno or func.lineno) + 1))
+    return lines
+
+
+def reads_caller(src: Source, new: Scanned, lines: Iterable[int], tree: ast.AST | None = None) -> list[tuple[int, str]]:
     out = []
+    spared = (_exception_spans(src, tree) | _reporting_spans(tree)) if src.lang == "python" else set()
     for n in lines:
         code, strings = new.line(n), new.strings_on(n)
-        what = _matches(CALLER_RULES[src.lang], code, strings) or _matches(RUNNER_RULES[src.lang], code, strings)
+        # A frame read only to report it, or an exception's own frames, is spared; nothing else is.
+        what = (None if n in spared else matches(CALLER_RULES[src.lang], code, strings)) \
+            or matches(RUNNER_RULES[src.lang], code, strings)
         if what is None:
             hit = sorted(RUNNER_NAMES[src.lang] & set(strings))
             if hit:
@@ -134,7 +193,7 @@ ENTRY_DIRS = frozenset({"bin", "scripts", "cmd", "cli", "tools", "bench", "bench
 MAIN_FUNCTIONS = frozenset({"main", "_main", "cli", "run_cli"})
 
 
-def _is_entry_file(src: Source, old: Scanned) -> bool:
+def is_entry_file(src: Source, old: Scanned) -> bool:
     """A program's entry point, or a module whose base already ended the process (a CLI): not a library."""
     p = PurePosixPath(src.path)
     if p.name in ENTRY_NAMES or any(part in ENTRY_DIRS for part in p.parts[:-1]):
@@ -143,7 +202,7 @@ def _is_entry_file(src: Source, old: Scanned) -> bool:
         return True
     if src.lang == "js" and src.new.startswith("#!"):
         return True
-    return any(_matches(EXIT_RULES[src.lang], code, []) for code in old.code)
+    return any(matches(EXIT_RULES[src.lang], code, []) for code in old.code)
 
 
 def _python_entry_lines(tree: ast.AST | None) -> set[int]:
@@ -177,16 +236,42 @@ def _brace_entry_lines(code: list[str], lang: str) -> set[int]:
     return lines
 
 
+def module_of(path: str) -> str:
+    """`src/pkg/cli.py` -> `pkg.cli`: the import name an entry point names a file by."""
+    parts = list(PurePosixPath(path).with_suffix("").parts)
+    if parts and parts[0] in ("src", "lib"):
+        parts = parts[1:]
+    if parts and parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _declared_lines(tree: ast.AST | None, names: Iterable[str]) -> set[int]:
+    wanted = set(names)
+    lines: set[int] = set()
+    for node in getattr(tree, "body", []):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in wanted:
+            lines.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+    return lines
+
+
 def ends_process(src: Source, new: Scanned, old: Scanned, tree: ast.AST | None,
-                  lines: Iterable[int]) -> list[tuple[int, str]]:
-    if _is_entry_file(src, old):
+                  lines: Iterable[int], entry_points: Iterable[str] = ()) -> list[tuple[int, str]]:
+    """`entry_points`: `module:function` the package declares as its programs (pyproject's [project.scripts],
+    console_scripts): an exit reached from one is the program's, not the library's (issue 39: `sys.exit` in
+    a CLI's dispatch function not named main was flagged)."""
+    if is_entry_file(src, old):
         return []
     spared = _python_entry_lines(tree) if src.lang == "python" else _brace_entry_lines(new.code, src.lang)
+    if src.lang == "python":
+        here = module_of(src.path)
+        spared |= _declared_lines(tree, (e.split(":", 1)[1].split(".")[0] for e in entry_points
+                                         if ":" in e and e.split(":", 1)[0].strip() == here))
     out = []
     for n in lines:
         if n in spared:
             continue
-        what = _matches(EXIT_RULES[src.lang], new.line(n), new.strings_on(n))
+        what = matches(EXIT_RULES[src.lang], new.line(n), new.strings_on(n))
         if what:
             out.append((n, what))
     return out

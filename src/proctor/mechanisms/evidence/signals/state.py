@@ -11,8 +11,6 @@ import re
 
 from proctor.mechanisms.evidence.signals.scan import Scanned, Source
 
-MUTATORS = frozenset({"append", "extend", "insert", "add", "update", "setdefault", "pop", "popitem", "remove",
-                      "discard", "clear", "appendleft", "extendleft", "popleft", "__setitem__"})
 CONTAINERS = frozenset({"list", "dict", "set", "defaultdict", "Counter", "deque", "OrderedDict", "bytearray"})
 COUNTERS = frozenset({"count"})  # itertools.count()
 
@@ -37,34 +35,97 @@ def _functions(tree: ast.AST) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
     return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
 
 
-def _mutated_in(func: ast.AST, name: str) -> bool:
+def _names_in(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _reads_attr(value: ast.AST, base: str, attr: str) -> bool:
+    """`value` reads `base.attr` itself (`f.n + 1`, `getattr(f, "n", 0) + 1`): a counter, not a setting."""
+    for n in ast.walk(value):
+        if isinstance(n, ast.Attribute) and n.attr == attr and isinstance(n.value, ast.Name) and n.value.id == base:
+            return True
+        if isinstance(n, ast.Call) and _call_name(n) == "getattr" and len(n.args) >= 2 \
+                and isinstance(n.args[0], ast.Name) and n.args[0].id == base \
+                and isinstance(n.args[1], ast.Constant) and n.args[1].value == attr:
+            return True
+    return False
+
+
+def _counts_in(func: ast.AST, name: str) -> bool:
+    """`name` updated from itself in `func`: a counter (`n += 1`) or a toggle (`flag = not flag`). A value
+    computed once and kept (`_cache = load()`, a lazy init) answers the same input the same way: not this."""
     for node in ast.walk(func):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS \
+        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+            return True
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets) \
+                and name in _names_in(node.value):
+            return True
+    return False
+
+
+def _empty_test(test: ast.AST, name: str) -> bool:
+    """`not X`, `len(X) == 0`, `X == []`: a guard that lets a body run while `X` is still empty."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and isinstance(test.operand, ast.Name):
+        return test.operand.id == name
+    if isinstance(test, ast.Compare) and len(test.comparators) == 1:
+        left, right = test.left, test.comparators[0]
+        sized = isinstance(left, ast.Call) and _call_name(left) == "len" and any(
+            isinstance(a, ast.Name) and a.id == name for a in left.args)
+        empty = isinstance(right, (ast.List, ast.Dict, ast.Tuple)) and not getattr(right, "elts", getattr(right, "keys", []))
+        return (sized and isinstance(right, ast.Constant) and right.value == 0) or (
+            isinstance(left, ast.Name) and left.id == name and empty)
+    return False
+
+
+def _init_once(func: ast.AST, name: str) -> set[int]:
+    """Ids of the nodes under an `if` that runs only while `name` is empty: filled once, a lazy init."""
+    out: set[int] = set()
+    for node in ast.walk(func):
+        if isinstance(node, ast.If) and _empty_test(node.test, name):
+            out.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return out
+
+
+def _accumulates(func: ast.AST, name: str) -> bool:
+    """A container of the module changed so its size or a tally moves with each call (`calls.append(x)`,
+    `seen[k] += 1`), not a memo keyed by the input (`cache[key] = value`, `cache.setdefault(...)`) nor one
+    filled once while empty (a lazy singleton)."""
+    once = _init_once(func, name)
+    for node in ast.walk(func):
+        if id(node) in once:
+            continue
+        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Subscript) \
+                and isinstance(node.target.value, ast.Name) and node.target.value.id == name:
+            return True
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ACCUMULATORS \
                 and isinstance(node.func.value, ast.Name) and node.func.value.id == name:
             return True
-        targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else \
-            [node.target] if isinstance(node, ast.AugAssign) else []
-        for t in targets:
-            if isinstance(t, (ast.Subscript, ast.Attribute)) and isinstance(t.value, ast.Name) and t.value.id == name:
-                return True
     return False
+
+
+ACCUMULATORS = frozenset({"append", "extend", "insert", "add", "appendleft", "extendleft", "pop", "popleft"})
 
 
 def python_state(src: Source, new: Scanned, old: Scanned, tree: ast.AST | None,
                   old_tree: ast.AST | None, added: frozenset[int]) -> list[tuple[int, str]]:
+    """State that can change the answer for the same input (issue 39: a memo dict, a lazy init, a module's
+    one-time setup were flagged; each is state, none a cheat): a counter or toggle, a container whose size
+    or tally moves with each call, a counter set on a function."""
     out = []
-    # `global` only: a `nonlocal` keeps state in one call's closure (a callback's tally), not across calls.
-    declared = re.compile(r"^\s*(global)\s+([\w\s,]+)")
-    before = {(m.group(1), name.strip()) for code in old.code if (m := declared.match(code))
-              for name in m.group(2).split(",")}
-    for n in sorted(added):
-        m = declared.match(new.line(n))
-        if m:
-            fresh = [name.strip() for name in m.group(2).split(",") if (m.group(1), name.strip()) not in before]
-            if fresh:
-                out.append((n, f"keeps state across calls: a new `{m.group(1)} {', '.join(fresh)}`"))
     if tree is None:
         return out
+    # `global` only: a `nonlocal` keeps state in one call's closure (a callback's tally), not across calls.
+    declared = re.compile(r"^\s*(global)\s+([\w\s,]+)")
+    before = {name.strip() for code in old.code if (m := declared.match(code)) for name in m.group(2).split(",")}
+    functions = _functions(tree)
+    for func in functions:
+        for node in ast.walk(func):
+            if isinstance(node, ast.Global) and node.lineno in added:
+                fresh = [n for n in node.names if n not in before and not (n.startswith("__") and n.endswith("__"))
+                         and (_counts_in(func, n) or _accumulates(func, n))]
+                if fresh:
+                    out.append((node.lineno, f"keeps state across calls: a new `global {', '.join(fresh)}` "
+                                             f"that {func.name}() counts or toggles"))
     module = tree.body if isinstance(tree, ast.Module) else []
     top_functions = {s.name for s in module if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
     top_classes = {s.name for s in module if isinstance(s, ast.ClassDef)}
@@ -85,9 +146,10 @@ def python_state(src: Source, new: Scanned, old: Scanned, tree: ast.AST | None,
                 continue
             container = isinstance(value, (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)) \
                 or _call_name(value) in CONTAINERS
-            users = [f.name for f in functions if container and _mutated_in(f, t.id)]
+            users = [f.name for f in functions if container and _accumulates(f, t.id)]
             if users:
-                out.append((stmt.lineno, f"keeps state across calls: module-level `{t.id}` changed in {users[0]}()"))
+                out.append((stmt.lineno, f"keeps state across calls: module-level `{t.id}` grows or counts in "
+                                         f"{users[0]}()"))
     # Attributes set on a function (or a class) at call time: `f.calls += 1`, `setattr(f, ...)`.
     for func in functions:
         owners = top_functions | {func.name}
@@ -95,31 +157,34 @@ def python_state(src: Source, new: Scanned, old: Scanned, tree: ast.AST | None,
             if getattr(node, "lineno", None) not in added:
                 continue
             hit = None
-            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                for t in targets:
-                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name):
-                        base = t.value.id
-                        on_class = isinstance(node, ast.AugAssign) and (base in top_classes or base == "cls")
-                        if base in owners or on_class:
-                            hit = f"{base}.{t.attr}"
-            elif isinstance(node, ast.Call) and _call_name(node) == "setattr" and node.args \
-                    and isinstance(node.args[0], ast.Name) and node.args[0].id in owners:
-                hit = f"setattr({node.args[0].id}, …)"
+            # A counter on a function or class: `f.calls += 1`, `f.seen = getattr(f, "seen", 0) + 1`.
+            targets = [node.target] if isinstance(node, ast.AugAssign) else node.targets if isinstance(
+                node, ast.Assign) else []
+            for t in targets:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name):
+                    base = t.value.id
+                    counted = isinstance(node, ast.AugAssign) or _reads_attr(node.value, base, t.attr)
+                    if counted and (base in owners or base in top_classes or base == "cls"):
+                        hit = f"{base}.{t.attr}"
             if hit:
                 out.append((node.lineno, f"keeps state across calls: sets `{hit}` inside {func.name}()"))
-        # A mutable default argument is one object shared by every call.
-        if func.lineno in added and any(isinstance(d, (ast.List, ast.Dict, ast.Set))
-                                        for d in [*func.args.defaults, *func.args.kw_defaults] if d is not None):
-            out.append((func.lineno, f"keeps state across calls: a mutable default argument of {func.name}()"))
+        # A mutable default argument is one object shared by every call: a tally when the call grows it.
+        if func.lineno in added:
+            shared = [a.arg for a, d in zip(func.args.args[-len(func.args.defaults):] if func.args.defaults else [],
+                                            func.args.defaults) if isinstance(d, (ast.List, ast.Dict, ast.Set))]
+            if any(_accumulates(func, name) for name in shared):
+                out.append((func.lineno, f"keeps state across calls: a mutable default argument {func.name}() grows"))
     return out
 
 
 def _mutation(name: str) -> re.Pattern[str]:
+    """A counter or toggle (`n++`, `n += 1`, `n = !n`), or a tally or accumulation (`seen[k]++`, `calls.push`):
+    not a value set once (a lazy init) nor a memo keyed by the input (`cache.set(k, v)`, `cache[k] = v`)."""
     n = re.escape(name)
-    return re.compile(rf"(?<![\w.$]){n}\s*(?:\+\+|--|(?:[-+*/%|&^]|\*\*|<<|>>)?=(?!=))|(?:\+\+|--)\s*{n}\b"
-                      rf"|(?<![\w.$]){n}\s*\.\s*(?:push|set|add|delete|clear|splice|pop|shift|unshift)\s*\("
-                      rf"|(?<![\w.$]){n}\s*\[[^\]]*\]\s*(?:\+\+|--|[-+*/]?=(?!=))")
+    return re.compile(rf"(?<![\w.$]){n}\s*(?:\+\+|--|(?:[-+*/%|&^]|\*\*|<<|>>)=(?!=))|(?:\+\+|--)\s*{n}\b"
+                      rf"|(?<![\w.$]){n}\s*=\s*!\s*{n}\b"
+                      rf"|(?<![\w.$]){n}\s*\.\s*(?:push|add|splice|unshift)\s*\("
+                      rf"|(?<![\w.$]){n}\s*\[[^\]]*\]\s*(?:\+\+|--|[-+*/]=(?!=))")
 
 
 TOP_LEVEL = {
