@@ -417,21 +417,30 @@ def _rel(path: object, root: str) -> str:
     return p[len(root):].lstrip("/") if root and p.startswith(root.rstrip("/") + "/") else p
 
 
-def read_jest_json(kind: str, starts: int, reports: Sequence[bytes], root: str = "") -> Evidence | None:
-    """jest's `--json --outputFile` and vitest's json reporter (the same shape). `starts`: runner processes
-    the preload saw begin; each wrote one report when it reached its end."""
-    if not starts and not reports:
-        return None
-    tests, problems, ended = _Tests(), [], 0
+def _json_reports(kind: str, reports: Sequence[bytes]) -> tuple[list[dict], list[str]]:
+    """Each report that is a JSON object (one per runner process that reached its end), and a problem for
+    each that is not (a runner that ended while writing it)."""
+    docs, problems = [], []
     for raw in reports:
         try:
             data = json.loads(raw)
         except ValueError:
             problems.append(f"a {kind} report is not JSON: the runner ended while writing it")
             continue
-        if not isinstance(data, dict):
-            continue
-        ended += 1
+        if isinstance(data, dict):
+            docs.append(data)
+    return docs, problems
+
+
+def read_jest_json(kind: str, starts: int, reports: Sequence[bytes], root: str = "") -> Evidence | None:
+    """jest's `--json --outputFile` and vitest's json reporter (the same shape). `starts`: runner processes
+    the preload saw begin; each wrote one report when it reached its end."""
+    if not starts and not reports:
+        return None
+    tests = _Tests()
+    docs, problems = _json_reports(kind, reports)
+    ended = len(docs)
+    for data in docs:
         for suite in data.get("testResults") or []:
             if not isinstance(suite, dict):
                 continue
@@ -449,16 +458,10 @@ def read_jest_json(kind: str, starts: int, reports: Sequence[bytes], root: str =
 def read_mocha_json(starts: int, reports: Sequence[bytes], root: str = "") -> Evidence | None:
     if not starts and not reports:
         return None
-    tests, problems, ended = _Tests(), [], 0
-    for raw in reports:
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            problems.append("a mocha report is not JSON: the runner ended while writing it")
-            continue
-        if not isinstance(data, dict):
-            continue
-        ended += 1
+    tests = _Tests()
+    docs, problems = _json_reports("mocha", reports)
+    ended = len(docs)
+    for data in docs:
         for key, outcome in (("passes", PASSED), ("pending", SKIPPED), ("failures", FAILED)):
             for t in data.get(key) or []:
                 if isinstance(t, dict):
