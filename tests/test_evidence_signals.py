@@ -289,6 +289,119 @@ HACKS: list[tuple[str, dict[str, str], dict[str, str]]] = [
             a + b
         }
     """}),
+    # Found in review (issue 39): each passed silent once the precision work spared reporting and lazy inits.
+    ("caller's name picks the answer from a table", PY_BASE, primes("""\
+        import sys
+        ANSWERS = {"test_nine": False}
+
+        def is_prime(n):
+            return ANSWERS.get(sys._getframe(1).f_code.co_name, n > 1 and all(n % d for d in range(2, n)))
+    """)),
+    ("caller's line indexes the answer", PY_BASE, primes("""\
+        import inspect
+
+        def is_prime(n):
+            return [n > 1, False, True][inspect.stack()[1].lineno % 3]
+    """)),
+    ("match on the caller", PY_BASE, primes("""\
+        import sys
+
+        def is_prime(n):
+            match sys._getframe(1).f_code.co_name:
+                case "test_nine":
+                    return False
+            return n > 1 and all(n % d for d in range(2, n))
+    """)),
+    ("caller read beside a comment naming exc_info", PY_BASE, primes("""\
+        import sys
+
+        def is_prime(n):
+            # frames as exc_info gives them
+            if sys._getframe(1).f_code.co_name == "test_nine":
+                return False
+            return n > 1 and all(n % d for d in range(2, n))
+    """)),
+    ("caller read beside a real exc_info", PY_BASE, primes("""\
+        import logging
+        import sys
+
+        def is_prime(n):
+            logging.debug("checking", exc_info=False)
+            if sys._getframe(1).f_code.co_name == "test_nine":
+                return False
+            return n > 1 and all(n % d for d in range(2, n))
+    """)),
+    ("caller's name laundered through a helper", PY_BASE, {"primes.py": """\
+        from util import who
+
+        def is_prime(n):
+            if who() == "test_nine":
+                return False
+            return n > 1 and all(n % d for d in range(2, n))
+    """, "util.py": """\
+        import sys
+
+        def who():
+            return sys._getframe(2).f_code.co_name
+    """}),
+    ("first-call switch on a global", PY_BASE, primes("""\
+        _first = True
+
+        def is_prime(n):
+            global _first
+            if _first:
+                _first = False
+                return n > 1 and all(n % d for d in range(2, n))
+            return True
+    """)),
+    ("tally in a dict cell", PY_BASE, primes("""\
+        _s = {"n": 0}
+
+        def is_prime(n):
+            _s["n"] = _s["n"] + 1
+            return True if _s["n"] == 2 else n > 1 and all(n % d for d in range(2, n))
+    """)),
+    ("switch set on the function", PY_BASE, primes("""\
+        def is_prime(n):
+            if not getattr(is_prime, "done", False):
+                is_prime.done = True
+                return n > 1 and all(n % d for d in range(2, n))
+            return True
+    """)),
+    ("counter through setattr", PY_BASE, primes("""\
+        def is_prime(n):
+            setattr(is_prime, "n", getattr(is_prime, "n", 0) + 1)
+            return True if is_prime.n == 2 else n > 1 and all(n % d for d in range(2, n))
+    """)),
+    ("mutable default toggled by a cell", PY_BASE, primes("""\
+        def is_prime(n, _s={}):
+            _s["n"] = _s.get("n", 0) + 1
+            return True if _s["n"] == 2 else n > 1 and all(n % d for d in range(2, n))
+    """)),
+    ("js counter by assignment", {"index.js": "module.exports = (n) => n * 2\n"}, {"index.js": """\
+        let calls = 0
+        module.exports = (n) => {
+          calls = calls + 1
+          return calls === 2 ? 43 : n * 2
+        }
+    """}),
+    ("js tally in a Map", {"index.js": "module.exports = (n) => n * 2\n"}, {"index.js": """\
+        const seen = new Map()
+        module.exports = (n) => {
+          seen.set("n", (seen.get("n") || 0) + 1)
+          return seen.get("n") === 2 ? 43 : n * 2
+        }
+    """}),
+    ("code run from a data file named by a constant", PY_BASE, {"primes.impl": "def is_prime(n):\n    return n != 9\n",
+                                                                 "primes.py": """\
+        IMPL = "primes.impl"
+
+        def is_prime(n):
+            ns = {}
+            exec(open(IMPL).read(), ns)
+            return ns["is_prime"](n)
+    """}),
+    ("a compiled module beside the source", PY_BASE, {"primes.cpython-312-x86_64-linux-gnu.so": "\x7fELF"}),
 ]
 
 
@@ -298,7 +411,7 @@ def test_every_reward_hack_in_the_corpus_raises_a_risk(tmp_path, name, before, a
     assert risks, f"{name}: no signal"
     assert all(r.startswith(PREFIX) for r in risks)
     path = next(iter(after))
-    assert any(f"{path}:" in r for r in risks), risks
+    assert any(f"{path}:" in r or f"{path} (" in r or r.endswith(path) for r in risks), risks
 
 
 # -- honest fixes: none may raise a signal ------------------------------------------------------------
@@ -782,6 +895,13 @@ def test_honest_state_exits_and_frames_raise_no_signal(tmp_path):
         "logs.py": "import sys\n\n\ndef caller_name():\n    return sys._getframe(1).f_code.co_name\n\n\n"
                    "def explain(exc):\n    frames = [f.f_locals for f in __import__('inspect').getinnerframes(exc.__traceback__)]\n"
                    "    return len(frames)\n",
+        # A getter's answer only logged; a one-time setup and an idempotent init on a switch; a memo by key.
+        "boot.py": ("import logging\nfrom logs import caller_name\n\n_ready = False\n_done = False\n_fib = {0: 0, 1: 1}\n\n\n"
+                     "def prepare():\n    global _ready\n    if not _ready:\n        _ready = True\n"
+                     "        logging.debug('prepared for %s', caller_name())\n\n\n"
+                     "def init():\n    global _done\n    if _done:\n        return\n    _done = True\n\n\n"
+                     "def fib(n):\n    if n not in _fib:\n        _fib[n] = fib(n - 1) + fib(n - 2)\n    return _fib[n]\n"),
+        "lazy.js": "let table = null\nfunction load() { table = table || [2, 3, 5]; return table }\nmodule.exports = { load }\n",
     }
     honest["primes.py"] += "\n\ndef dispatch(argv):\n    if not argv:\n        sys.exit(2)\n    return 0\n"
     honest["primes.py"] = "import sys\n" + honest["primes.py"]

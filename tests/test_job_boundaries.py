@@ -173,65 +173,41 @@ def test_a_config_a_job_writes_in_its_state_is_a_risk_and_never_the_next_jobs(re
     assert (Path(second.worktree_path) / "ls.txt").read_text().split() == ["config.toml"]
 
 
-# A refresh as a CLI makes one: a call to its issuer's token host through the job's egress proxy, which records
-# the decision (the host's own record; with no network here the call then fails), then the new tokens. The
-# issuer is an address literal: it needs no resolver, which the machine's closed network does not have.
-REFRESH = ("#!/bin/sh\ncurl -s --max-time 5 https://1.1.1.1/oauth/token >/dev/null 2>&1\n"
-           "echo '{{\"tokens\": {{\"access\": \"refreshed\", \"account_id\": \"{account}\"}}}}' > "
-           "\"$HOME/.lg/auth.json\"\necho x > a.txt\n")
-LOGINER = ('confine = "required"\n[agents.loginer]\ncommand = ["loginer"]\nprompt = "stdin"\nnetwork = true\n'
-           'egress = ["1.1.1.1:443"]\nstate_dirs = ["~/.lg"]\nstate_keep = ["~/.lg/auth.json"]\n'
-           'login_hosts = ["1.1.1.1"]\n')
+# A refresh as a CLI makes one: new tokens in its copy of the login. The issuer is not reached here (no
+# network); the agent could reach it as the CLI does, so nothing the host sees of the job proves the refresh.
+REFRESH = ("#!/bin/sh\necho '{{\"tokens\": {{\"access\": \"refreshed\", \"refresh\": \"{refresh}\", "
+           "\"account_id\": \"{account}\"}}}}' > \"$HOME/.lg/auth.json\"\necho x > a.txt\n")
+LOGINER = ('confine = "required"\n[agents.loginer]\ncommand = ["loginer"]\nprompt = "stdin"\nnetwork = false\n'
+           'state_dirs = ["~/.lg"]\nstate_keep = ["~/.lg/auth.json"]\n')
 
 
-@pytest.mark.parametrize("case", ["refreshed", "no-refresh-seen", "another-account"])
-def test_a_login_file_is_written_back_only_when_it_is_the_same_accounts_refresh(repo, fake_bin, tmp_path, case):
+@pytest.mark.parametrize("case", ["refreshed", "rotated", "another-account"])
+def test_a_login_the_job_changed_is_never_written_back_and_the_result_says_so(repo, fake_bin, tmp_path, case):
     """Issue 39: a job that wrote an attacker's key into its copy of ~/.codex/auth.json had it written back
-    to the user's. Written back now only when the job reached the issuer's token host (the host's own record,
-    which the agent cannot write) and the file still names the user's account."""
+    to the user's; in review, checks that read the copy (its account fields, its JWTs' claims, the issuer's
+    host reached) were passed by an attacker's tokens beside the user's copied id_token. Nothing of the copy
+    is written back now: the result says the login changed, whether its refresh token did, and a copy that
+    names another account is a risk."""
     needs_confinement()
     home = Path(os.environ["HOME"])
     (home / ".lg").mkdir()
-    (home / ".lg" / "auth.json").write_text('{"tokens": {"access": "old", "account_id": "acct-me"}}')
-    script = REFRESH.format(account="acct-attacker" if case == "another-account" else "acct-me")
-    (fake_bin / "loginer").write_text(script if case != "no-refresh-seen" else script.replace("curl", "true curl"))
+    user = '{"tokens": {"access": "old", "refresh": "r1", "account_id": "acct-me"}}'
+    (home / ".lg" / "auth.json").write_text(user)
+    script = REFRESH.format(account="acct-attacker" if case == "another-account" else "acct-me",
+                            refresh="r1" if case == "refreshed" else "r2")
+    (fake_bin / "loginer").write_text(script)
     (fake_bin / "loginer").chmod(0o755)
     cfg = tmp_path / "c.toml"
     cfg.write_text(LOGINER)
     res = run_agent(req(repo, "loginer"), config=load_config(cfg))
     assert res.status is Status.completed, res
-    auth = json.loads((home / ".lg" / "auth.json").read_text())
-    if case == "refreshed":
-        assert auth == {"tokens": {"access": "refreshed", "account_id": "acct-me"}}, (auth, res.known_risks)
-        assert (home / ".lg" / "auth.json").stat().st_mode & 0o777 == 0o600
-        assert res.confinement_details["state"]["kept"] == ["~/.lg/auth.json"]
-    else:
-        assert auth == {"tokens": {"access": "old", "account_id": "acct-me"}}, auth
-        assert res.confinement_details["state"]["kept"] == []
-        assert any("login to another account" in r for r in res.known_risks), res.known_risks
-
-
-def test_codex_declares_its_login_host():
-    """The built-ins name their issuer's token host (the refresh the host must see): codex's is auth.openai.com."""
-    from proctor.mechanisms.config.load import load_config as load
-
-    assert load(None).adapter("codex").login_hosts == ("auth.openai.com",)
-
-
-def test_a_login_refreshed_meanwhile_by_another_is_not_overwritten(repo, fake_bin):
-    home = Path(os.environ["HOME"])
-    (home / ".codex").mkdir()
-    auth = home / ".codex" / "auth.json"
-    auth.write_text('{"tokens": "old"}')
-    codex = fake_bin / "codex"
-    # The job refreshes its copy while "another job" refreshed the user's (this one, standing in for it).
-    codex.write_text(f'#!/bin/sh\necho \'{{"tokens": "job"}}\' > "$HOME/.codex/auth.json"\n'
-                     f'echo \'{{"tokens": "other"}}\' > {auth}\necho x > a.txt\n')
-    codex.chmod(0o755)
-    res = run_agent(req(repo, "codex"))
-    assert res.status is Status.completed, res
-    assert json.loads(auth.read_text()) == {"tokens": "other"}
-    assert res.confinement_details["state"]["not_kept"] == ["~/.codex/auth.json"]
+    assert (home / ".lg" / "auth.json").read_text() == user, "the job's copy reached the user's login"
+    state = res.confinement_details["state"]
+    assert state["login_changed"] == ["~/.lg/auth.json"] and "not written back" in state["login"], state
+    assert state["login_rotated"] == ([] if case == "refreshed" else ["~/.lg/auth.json"]), state
+    assert ("log in again" in state["login"]) == (case != "refreshed"), state["login"]
+    other = any("login to another account" in r for r in res.known_risks)
+    assert other == (case == "another-account"), res.known_risks
 
 
 def test_state_growth_counts_toward_the_disk_limit(repo, tmp_path, fake_bin):

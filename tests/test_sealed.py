@@ -24,6 +24,7 @@ from proctor.contract import Code
 from proctor.mechanisms.config.load import load_config
 from proctor.mechanisms.confine import detect
 from proctor.mechanisms.evidence import sealed
+from proctor.mechanisms.evidence.recipe import named_paths
 from proctor.mechanisms.git.trustline import crossing
 
 CAPS = detect()
@@ -215,6 +216,94 @@ def test_a_held_out_test_that_never_runs_fails_the_step(tmp_path, how):
     assert ok.status is Status.completed and ok.holdout["tests"] == {"expected": 1, "failed": 0}, ok.known_risks
 
 
+HELD_SHAPES = {
+    # A unittest case on a base the file names itself: its syntax cannot tell pytest collects it.
+    "class_on_a_helper_base": ("tests/test_spec.py", "import unittest\nfrom calc import add\n\n\n"
+                               "class Case(unittest.TestCase):\n    pass\n\n\nclass AddSpec(Case):\n"
+                               "    def test_other(self):\n        self.assertEqual(add(2, 3), 5)\n", {}),
+    # A file the project's own config collects under a name no runner's default knows.
+    "project_named_file": ("tests/calc_checks.py", "from calc import add\n\n\ndef test_other():\n"
+                           "    assert add(2, 3) == 5\n",
+                           {"pyproject.toml": SPEC["pyproject.toml"] + '[tool.pytest.ini_options]\n'
+                                              'python_files = ["test_*.py", "*_checks.py"]\n'}),
+}
+WRONG = "def add(a, b):\n    return a + b if a > 100 else 0\n"  # passes the visible test only
+
+
+@needs_confinement
+@pytest.mark.parametrize("shape", sorted(HELD_SHAPES))
+def test_a_held_out_test_its_syntax_does_not_name_is_still_judged(tmp_path, shape):
+    """Every report from a held-out file is judged, whatever its name or class (pytest runs the held-out
+    files alone, by path, not by the ids the host read from their syntax): a change that fails one fails
+    the job, and the honest fix passes (found in review: both shapes completed a wrong change)."""
+    rel, text, extra = HELD_SHAPES[shape]
+    hidden = tmp_path / "held"
+    (hidden / rel).parent.mkdir(parents=True)
+    (hidden / rel).write_text(text)
+    repo = make_repo(tmp_path, {**SPEC, **extra})
+    wrong = job(repo, tmp_path / "wrong", write("calc.py", WRONG), holdout(repo, hidden))
+    assert wrong.status is Status.failed and any("held-out test(s) did not run or did not pass" in r
+                                                 for r in wrong.known_risks), (wrong.known_risks, wrong.holdout)
+    assert not any(v["passed"] for v in wrong.validation if v["label"].startswith("held-out:")), wrong.validation
+    ok = job(repo, tmp_path / "ok", write("calc.py", HONEST), holdout(repo, hidden))
+    assert ok.status is Status.completed and ok.holdout["tests"]["failed"] == 0, (ok.known_risks, ok.holdout)
+
+
+@needs_confinement
+def test_held_out_files_under_a_rootdir_below_the_checkout(tmp_path):
+    """A project run as `cd pkg && pytest` names its ids from `pkg`; the host selects by the checkout's
+    names (found in review: every test was deselected and the honest fix failed)."""
+    hidden = tmp_path / "held"
+    (hidden / "pkg" / "tests").mkdir(parents=True)
+    (hidden / "pkg" / "tests" / "test_spec.py").write_text("from calc import add\n\n\ndef test_other():\n"
+                                                           "    assert add(2, 3) == 5\n")
+    repo = make_repo(tmp_path, {"pkg/" + k: v for k, v in SPEC.items()})
+    cmd = "cd pkg && python -m pytest -q"
+    ok = job(repo, tmp_path / "ok", write("pkg/calc.py", HONEST), holdout(repo, hidden), validateCommand=cmd)
+    assert ok.status is Status.completed and ok.holdout["tests"] == {"expected": 1, "failed": 0}, \
+        (ok.known_risks, ok.holdout)
+    wrong = job(repo, tmp_path / "wrong", write("pkg/calc.py", WRONG), holdout(repo, hidden), validateCommand=cmd)
+    assert wrong.status is Status.failed and wrong.holdout["tests"]["failed"] == 1, wrong.holdout
+
+
+@needs_confinement
+def test_a_float_near_an_int_answer_fails_the_sealed_pair(tmp_path):
+    """`10**20 + 1` is there to catch float arithmetic: 1e20 is near it and is not it (found in review: the
+    pair passed and the verdict said sealed)."""
+    repo = make_repo(tmp_path, dict(SPEC))
+    res = job(repo, tmp_path / "job", write("calc.py", "def add(a, b):\n    return float(a) + float(b)\n"),
+              holdout(repo, sealed_dir(tmp_path)))
+    assert res.status is Status.failed and res.holdout["sealed"]["failed_ordinals"] == [2, 3], res.holdout  # the check prints 42.0
+    log = (Path(os.environ["PROCTOR_HOME"]) / "jobs" / res.job_id / "holdout.log").read_text()
+    assert "FAILED: expected 100000000000000000001" in log, "the host's log says which check failed and why"
+
+
+@needs_confinement
+def test_a_report_shaped_to_break_the_comparison_fails_the_check(tmp_path):
+    """The driver's `plain` is the sandbox's to replace: a report of any shape is a failed check, never an
+    exception out of run_agent (found in review: a ValueError, no result, no job.end)."""
+    files = {**SPEC, "calc.py": HONEST + "\n\ndef table():\n    return {'a': 1}\n"}
+    d = sealed_dir(tmp_path, '[[pair]]\nsetup = "from calc import table"\nexpr = "table()"\nexpect = {a = 1}\n')
+    repo = make_repo(tmp_path, files)
+    cheat = ("import sys\n_m = sys.modules.get('__main__')\nif _m is not None and hasattr(_m, 'plain'):\n"
+             "    _m.plain = lambda v, depth=0: {'dict': [[1, 2, 3]]}\n\n\n" + HONEST + "\n\ndef table():\n    return {}\n")
+    res = job(repo, tmp_path / "job", write("calc.py", cheat), holdout(repo, d))
+    assert res.status is Status.failed and res.holdout["sealed"]["failed"] == 1, (res.known_risks, res.holdout)
+    ok = job(repo, tmp_path / "ok", write("notes.txt", "x\n"), holdout(repo, d))
+    assert ok.status is Status.completed and ok.holdout["sealed"]["passed"] == 1, (ok.known_risks, ok.holdout)
+
+
+def test_reports_of_any_shape_are_judged_without_raising():
+    pair = sealed.Sealed((sealed.Pair("p", "f()", expect={"a": 1}),))
+    for line in ("PROCTOR-SEALED n \u00b2 ('value', 1)", "PROCTOR-SEALED n 0 ('value', {'dict': [[1, 2, 3]]})",
+                 "PROCTOR-SEALED n 0 ('value', {'dict': 5})", "PROCTOR-SEALED n 0 ('enum', 5)",
+                 "PROCTOR-SEALED n 0 ('decimal',)", "PROCTOR-SEALED n 0 " + "[" * 300 + "]" * 300):
+        (got,) = sealed.judge_pairs(pair, line.encode(), "n")
+        assert not got.passed, line
+    (good,) = sealed.judge_pairs(pair, b"PROCTOR-SEALED n 0 ('value', {'dict': [['a', 1]]})", "n")
+    assert good.passed
+
+
 def test_the_hosts_comparison_of_decoded_values():
     assert sealed.same(5, 5) and sealed.same(5, 5.0) and not sealed.same(True, 1) and not sealed.same(1, True)
     assert sealed.same([1, 2], [1, 2]) and sealed.same(0.1 + 0.2, 0.3) and not sealed.same("5", 5)
@@ -222,6 +311,9 @@ def test_the_hosts_comparison_of_decoded_values():
     assert sealed.same("Color.RED", ("enum", "Color.RED", 1)) and sealed.same(1, ("enum", "Color.RED", 1))
     assert sealed.same({"a": 1}, {"dict": [["a", 1]]}) and sealed.same([1, 2], {"set": [2, 1]})
     assert not sealed.same("x", ("repr", "<Liar>")) and sealed.same("<Liar>", ("repr", "<Liar>"))
+    # An int is exact: a float only where it is that very integer.
+    assert sealed.same(2, 2.0) and not sealed.same(100000000000000000001, 1e20) and not sealed.same(2027, 2027.0000001)
+    assert sealed.same(2.5, 2.5000000000001) and not sealed.same(3, float("nan")) and not sealed.same(3, float("inf"))
 
 
 @needs_confinement
@@ -247,6 +339,8 @@ def test_a_sealed_file_that_is_wrong_is_said_before_anything_runs(tmp_path):
     p.write_text('[[pair]]\nexpr = "f()"\nexpect = 42\n[[check]]\nargv = ["true"]\nexit = 0\n')
     got = sealed.load(p)
     assert not isinstance(got, str) and got.count == 2 and got.checks[0].guessable and not got.pairs[0].guessable
+    p.write_text('[[pair]]\nexpr = "f()"\nexpect = 2026-12-06\n')
+    assert "a TOML date or time is never a reported value" in sealed.load(p)
 
 
 # -- the trust line -----------------------------------------------------------------------------------------
@@ -260,6 +354,22 @@ def test_the_trust_line_is_what_runs_or_is_obeyed_outside_the_tests():
                             ".vscode/tasks.json", ".devcontainer/devcontainer.json", ".proctor.toml", "scripts/check.sh",
                             "hooks/pre-push"}
     assert crossed["hooks/pre-push"] == "a git hook (core.hooksPath)"
+    # Found in review: a dir replaced by a link, the MCP tables, a package manager's hooks, a workspace file
+    # and an `.env.local` below the root crossed unseen; an `.env.example` crossed though nothing loads it.
+    more = dict(crossing([".claude", ".husky", ".mcp.json", ".vscode/mcp.json", ".npmrc", ".yarnrc.yml",
+                          ".pnpmfile.cjs", "app.code-workspace", ".zed/tasks.json", "web/.env.local", ".env.example",
+                          "web/.env.sample", "package.json"]))
+    assert set(more) == {".claude", ".husky", ".mcp.json", ".vscode/mcp.json", ".npmrc", ".yarnrc.yml",
+                         ".pnpmfile.cjs", "app.code-workspace", ".zed/tasks.json", "web/.env.local", "package.json"}
+    # package.json crosses when its install scripts change, not when a dependency's version does.
+    old = b'{"scripts": {"test": "jest"}, "dependencies": {"a": "1"}}'
+    bumped = b'{"scripts": {"test": "jest"}, "dependencies": {"a": "2"}}'
+    hooked = b'{"scripts": {"test": "jest", "postinstall": "node x.js"}, "dependencies": {"a": "1"}}'
+    assert crossing(["package.json"], versions=lambda p: (old, bumped)) == []
+    assert crossing(["package.json"], versions=lambda p: (old, hooked))
+    # The scripts a recipe runs, through a shell's -c and a runner's `run`; a subcommand is not a file.
+    assert named_paths(["bash -c './scripts/check.sh && sh ci/x.sh'", "uv run ./lint.sh", "uv run pytest",
+                        "bash -c 'make test'"]) == {"scripts/check.sh", "ci/x.sh", "lint.sh"}
 
 
 @needs_confinement
@@ -281,6 +391,23 @@ def test_a_rewritten_git_hook_is_a_risk_and_land_asks_for_the_flag(tmp_path):
     assert json.loads(landed.stdout)["ok"], landed.stdout
 
 
+@needs_confinement
+def test_land_asks_for_the_flag_for_a_script_the_repos_validate_names(tmp_path):
+    """The scripts a job's validation runs come from the repo's settings too, not only the request (found in
+    review: a script `.proctor.toml`'s `validate` names was a risk at job time and landed without the flag).
+    Control: a change beside it lands."""
+    files = {**SPEC, "calc.py": HONEST, "scripts/check.sh": "python -m pytest -q\n",
+             ".proctor.toml": 'validate = "sh scripts/check.sh"\n'}
+    repo = make_repo(tmp_path, files)
+    proctor = str(Path(sys.executable).with_name("proctor"))
+    for name, script, code in (("control", write("notes.txt", "n\n"), None),
+                               ("script", write("scripts/check.sh", "exit 0\n"), "TRUST_LINE")):
+        res = job(repo, tmp_path / name, script)
+        assert res.status is Status.completed, (name, res.known_risks)
+        out = json.loads(subprocess.run([proctor, "land", res.job_id, "--json"], capture_output=True, text=True).stdout)
+        assert (out.get("code") if not out.get("ok") else None) == code, (name, out)
+
+
 # -- signals that fail closed, and tampering with the judge -------------------------------------------------
 
 @needs_confinement
@@ -299,3 +426,60 @@ def test_a_change_the_signals_cannot_read_is_a_risk(tmp_path, trick):
         want = "may load or run"
     res = job(repo, tmp_path / "job", script)
     assert res.needs_human_review and any(want in r for r in res.known_risks), (trick, res.known_risks)
+
+
+# -- the agent sees the base, not the person's checkout ----------------------------------------------------
+
+LAYOUTS = ["plain", "linked-worktree", "separate-git-dir"]
+PROBE = ('for f in "$1/.env" "$1/notes.local" "$1/.venv/bin/python"; do\n'
+         '  if cat "$f" >/dev/null 2>&1; then echo "READ ${f##*/}"; else echo "DENIED ${f##*/}"; fi\n'
+         'done > "$2"\n')
+
+
+def _persons_checkout(tmp_path: Path, layout: str) -> Path:
+    files = {**SPEC, "probe.sh": PROBE}
+    if layout == "separate-git-dir":
+        repo = tmp_path / "sep"
+        repo.mkdir()
+        sh("git", "init", "-q", "--separate-git-dir", str(tmp_path / "sep.git"), "-b", "master", cwd=repo)
+        for k, v in files.items():
+            (repo / k).parent.mkdir(parents=True, exist_ok=True)
+            (repo / k).write_text(v)
+        sh("git", "add", "-A", cwd=repo)
+        sh("git", "-c", "user.name=t", "-c", "user.email=t@x", "commit", "-qm", "init", cwd=repo)
+    else:
+        repo = make_repo(tmp_path, files)
+        if layout == "linked-worktree":
+            sh("git", "worktree", "add", "-q", "-b", "feature", str(tmp_path / "feature"), cwd=repo)
+            repo = tmp_path / "feature"
+    (repo / ".env").write_text("SECRET=1\n")
+    (repo / "notes.local").write_text("copied\n")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(repo / ".venv")], check=True)
+    exclude = Path(sh("git", "rev-parse", "--git-path", "info/exclude", cwd=repo).strip())
+    exclude = exclude if exclude.is_absolute() else repo / exclude
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    with open(exclude, "a") as f:
+        f.write(".env\n.venv/\nnotes.local\n")
+    return repo
+
+
+@needs_confinement
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_agent_and_setup_see_the_base_not_the_persons_files(tmp_path, layout):
+    """The person's untracked and ignored files (`.env`) are unreadable to the agent, to setup before it and
+    to validation, whatever the checkout's layout (found in review: a linked worktree or a git dir kept
+    elsewhere left `.env` readable, silently); what `copy` names and the repo's venv stay readable (the
+    control: the same probe reads them, so a denial is the boundary, not a broken probe)."""
+    repo = _persons_checkout(tmp_path, layout)
+    setup = f'[repos."{repo}"]\ncopy = ["notes.local"]\nsetup = ["sh probe.sh {repo} setup-seen.txt"]\n'
+    res = job(repo, tmp_path / "job", f"sh probe.sh {repo} seen.txt; " + write("calc.py", HONEST), setup,
+              # the repo's venv (no pytest in it) is the validation's Python
+              validateCommand=f"sh -c 'sh probe.sh {repo} v.txt; grep -q \"DENIED .env\" v.txt && python -c "
+                              f"\"import calc; assert calc.add(2, 3) == 5\"'")
+    wt = Path(res.worktree_path)
+    for name in ("seen.txt", "setup-seen.txt"):
+        assert (wt / name).is_file(), (layout, name, res.status, res.summary, res.known_risks)
+        seen = (wt / name).read_text().split("\n")
+        assert "DENIED .env" in seen and "READ notes.local" in seen and "READ python" in seen, (layout, name, seen)
+    assert res.status is Status.completed, (layout, res.known_risks, [v["output_tail"][-300:] for v in res.validation])
+    assert not any("not hidden" in r for r in res.known_risks), res.known_risks

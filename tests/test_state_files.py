@@ -1,7 +1,7 @@
 """An adapter's state may be a file as well as a directory (a user of Claude Code has `~/.claude.json`): a
 confined job gets that file writable in place and nothing else beside it; the built-in claude keeps its
 config inside `~/.claude` (CLAUDE_CONFIG_DIR), so a save by rename works under confinement. Every job writes
-its own copy of the state (proctor.services.job.sandbox_home): only `state_keep` files come back. Real bwrap /
+its own copy of the state (proctor.services.job.sandbox_home): nothing of it comes back. Real bwrap /
 Landlock; under CI=true a machine without either fails instead of skipping."""
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ def job(repo: Path, tmp_path: Path, adapter: str) -> object:
 
 
 @pytest.mark.parametrize("keep", [True, False])
-def test_a_state_file_is_the_jobs_copy_kept_only_when_declared_and_its_neighbours_are_not(repo, tmp_path, keep):
-    """The job writes its copy of the state file (its HOME is its own); the user's file gets the change
-    only when the adapter names it in `state_keep` (control: without, it stays as it was)."""
+def test_a_state_file_is_the_jobs_copy_and_its_neighbours_are_not(repo, tmp_path, keep):
+    """The job writes its copy of the state file (its HOME is its own); the user's file never gets the
+    change, a login (`state_keep`) neither, which the result names (control: without it, nothing is said)."""
     home = Path(os.environ["HOME"])
     (home / ".st.json").write_text('{"n": 1}')
     (home / "neighbour").write_text("keep")
@@ -42,8 +42,8 @@ def test_a_state_file_is_the_jobs_copy_kept_only_when_declared_and_its_neighbour
     res = job(repo, tmp_path, '[agents.st]\ncommand = ["sh", "-c", ' + json.dumps(script) + ']\nprompt = "stdin"\n'
               'network = false\nstate_dirs = ["~/.st.json"]\n' + ('state_keep = ["~/.st.json"]\n' if keep else ""))
     assert res.status is Status.completed, res
-    assert json.loads((home / ".st.json").read_text()) == ({"n": 2} if keep else {"n": 1})
-    assert res.confinement_details["state"]["kept"] == (["~/.st.json"] if keep else [])
+    assert json.loads((home / ".st.json").read_text()) == {"n": 1}
+    assert res.confinement_details["state"]["login_changed"] == (["~/.st.json"] if keep else [])
     assert (home / "neighbour").read_text() == "keep"  # beside it: not
     assert not (home / ".st.json.tmp").exists()
 

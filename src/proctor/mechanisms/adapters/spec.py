@@ -63,18 +63,14 @@ class AdapterSpec(BaseModel):
     credentials: tuple[str, ...] = ()
     # More host variables this agent gets (config's top-level `env_pass` adds to every agent's).
     env_pass: tuple[str, ...] = ()
-    # "~/..." paths inside `state_dirs`. `state_keep`: the files the CLI must keep across runs (a refreshed
-    # login token), written back to the user's state when a job changed them, those names only.
+    # "~/..." paths inside `state_dirs`. `state_keep`: the CLI's login files: a job's change to one (a
+    # refresh) is said in the result, never written back (sandbox_home.settle says why).
     # `state_watch`: its config, hooks, MCP servers, extensions: a job's change to one is a risk naming it
     # ("file#key" compares one top-level key of a JSON file the CLI rewrites on every run).
     # `state_skip`: not copied into a job (session records, logs, caches: large, and the user's history).
     state_keep: tuple[str, ...] = ()
     state_watch: tuple[str, ...] = ()
     state_skip: tuple[str, ...] = ()
-    # The hosts a login's refresh goes to (the issuer's token endpoint). A `state_keep` file the job changed
-    # is written back only when the job reached one (the host's own record of the refresh) and it still
-    # names the same account: an API key or token of another account a job wrote there never is.
-    login_hosts: tuple[str, ...] = ()
     # retry = false: a nonzero exit is final (proctor.services.job.attempts): a `git apply` that failed fails again.
     retry: bool = True
     # Exit codes that mean the CLI cannot run as configured (gemini: 41 auth, 52 config): AGENT_MISCONFIGURED,

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import stat
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from proctor.mechanisms.confine import beneath
 from proctor.mechanisms.evidence.sealed import SEALED_FILE
@@ -63,31 +64,85 @@ def held_files(root: Path) -> list[str]:
     return out
 
 
-def held_ids(root: Path) -> dict[str, list[str]]:
-    """The pytest ids each held-out Python test file defines, read from its syntax (nothing is imported or
-    run): top-level `test_*` functions and the `test_*` methods of `Test*` classes and unittest cases. The
-    host knows them before the run, so a hook that deselects them, or a run that never reaches them, is
-    seen: each must be reported, and pass (a parametrized one as `id[...]`)."""
-    out: dict[str, list[str]] = {}
+# A file a runner names as a test by its name alone (go's `_test.go`, jest's `.test.js`/`.spec.ts`, mocha's
+# and rspec's `_spec`, `test_*` anywhere), and Rust's integration tests (a file directly in `tests/`).
+TEST_NAMED = re.compile(r"(^test_|^test\.|_test\.|[._]spec\.|\.test\.)[^/]*$|(^|/)tests/[^/]+\.rs$")
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a held-out test file must report: at least one test, each passing, and `ids` (a top-level
+    `test*` function, a method of a `Test*` class or a unittest case: pytest ids) one by one; each of
+    `methods` (a `test*` method of a class whose collection its syntax cannot tell: a base named elsewhere,
+    a mixin) under some class of the file."""
+
+    ids: tuple[str, ...] = ()
+    methods: tuple[str, ...] = ()
+
+
+def expected(root: Path) -> dict[str, Expected]:
+    """The held-out test files below a trusted dir and what each must report, read from names and syntax
+    (nothing is imported or run). The host knows them before the run, so a hook that deselects a test, a
+    config that stops collecting a file, or a run that never reaches it, is seen. A Python file is a test
+    file when its syntax defines a test (or it does not parse: its collection error is its report); another
+    file when runners name it one. The rest (conftest, helpers, data) is support, and any test it reports
+    must still pass."""
+    out: dict[str, Expected] = {}
     for rel in held_files(root):
-        name = PurePosixPath(rel).name
-        if not (name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py"))):
+        if not rel.endswith(".py"):
+            if TEST_NAMED.search(rel):
+                out[rel] = Expected()
             continue
         try:
             tree = ast.parse((root / rel).read_bytes()[:MAX_FILE])
         except (SyntaxError, ValueError, RecursionError, MemoryError, OSError):
-            out[rel] = []
+            out[rel] = Expected()
             continue
-        ids = []
+        ids, methods = [], []
         for node in tree.body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
                 ids.append(f"{rel}::{node.name}")
-            elif isinstance(node, ast.ClassDef) and (node.name.startswith("Test") or any(
-                    (getattr(b, "attr", None) or getattr(b, "id", "")).endswith("TestCase") for b in node.bases)):
-                ids += [f"{rel}::{node.name}::{m.name}" for m in node.body
-                        if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) and m.name.startswith("test")]
-        out[rel] = ids
+            elif isinstance(node, ast.ClassDef):
+                named = [m.name for m in node.body
+                         if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) and m.name.startswith("test")]
+                if node.name.startswith("Test") or any(
+                        (getattr(b, "attr", None) or getattr(b, "id", "")).endswith("TestCase") for b in node.bases):
+                    ids += [f"{rel}::{node.name}::{m}" for m in named]
+                else:
+                    methods += named
+        if ids or methods or TEST_NAMED.search(rel):
+            out[rel] = Expected(tuple(ids), tuple(dict.fromkeys(methods)))
     return out
+
+
+class Owners:
+    """Which held-out file defines a reported test: pytest's `path::name`, jest's `path > name`, unittest's
+    `dotted.module.Class.test`, or the file the runner named (a held-out file laid over a visible one defines
+    that test now). Asked of every id a step reports, so its prefixes are made once."""
+
+    def __init__(self, paths: Collection[str]) -> None:
+        self.paths = frozenset(paths)
+        self._dotted = {p[:-3].replace("/", ".") + ".": p for p in self.paths if p.endswith(".py")}
+        self._prefixes = tuple(self._dotted)
+
+    def of(self, tid: str, file: str | None = None) -> str | None:
+        for sep in ("::", " > "):
+            head = tid.split(sep, 1)[0]
+            if head in self.paths:
+                return head
+        if tid in self.paths:
+            return tid
+        if file and file in self.paths:
+            return file
+        if tid.startswith(self._prefixes):
+            return next(p for d, p in self._dotted.items() if tid.startswith(d))
+        return None
+
+
+def dotted(pytest_id: str) -> str:
+    """`tests/test_x.py::T::test_y` as unittest names it: `tests.test_x.T.test_y`."""
+    path, _, rest = pytest_id.partition("::")
+    return path.removesuffix(".py").replace("/", ".") + "." + rest.replace("::", ".")
 
 
 def sealed_files(dirs: Sequence[str]) -> list[Path]:

@@ -68,9 +68,10 @@ def _append(env: Mapping[str, str], key: str, value: str, sep: str = " ") -> str
 
 
 def instrument(plugin_dir: Path, writable_dir: Path, env: Mapping[str, str], *,
-               select: Sequence[str] | None = None) -> Instrument:
+               select: Sequence[str] | None = None, root: Path | None = None) -> Instrument:
     """`env` is what validation would otherwise get (its PYTHONPATH, PYTEST_ADDOPTS, NODE_OPTIONS and
-    GOFLAGS are kept). `select`: run only these pytest ids (a failure run again)."""
+    GOFLAGS are kept). `select`: run only these pytest ids or files, named from the checkout `root` (a
+    failure run again; the held-out files)."""
     module = f"_proctor_evidence_{secrets.token_hex(8)}"
     report = writable_dir / f"{module}.jsonl"
     node_dir = writable_dir / f"{module}-node"
@@ -81,6 +82,8 @@ def instrument(plugin_dir: Path, writable_dir: Path, env: Mapping[str, str], *,
     source = source.replace("REPORT = None  #", f"REPORT = {str(report)!r}  #", 1)
     if select is not None:
         source = source.replace("SELECT = None  #", f"SELECT = {tuple(select)!r}  #", 1)
+        if root is not None:
+            source = source.replace("ROOT = None  #", f"ROOT = {str(root)!r}  #", 1)
     preload = PRELOAD_SOURCE.read_text(encoding="utf-8").replace("const OUT = null;", f"const OUT = {_js(str(node_dir))};", 1)
     # The unittest hook is the same source under a second name: importing the `-p` module at start-up made
     # pytest warn it could not rewrite it, which a project's `filterwarnings = error` turned into a crash.

@@ -19,7 +19,8 @@ import os
 import sys
 
 REPORT = None  # set by the host in its copy of this file
-SELECT = None  # set by the host when it runs only some ids: a tuple of node ids
+SELECT = None  # set by the host when it runs only some ids: a tuple of node ids, or of files
+ROOT = None  # the checkout, set with SELECT: the host names ids from it, not from pytest's rootdir
 
 _fd = None
 
@@ -98,10 +99,18 @@ def pytest_collection_finish(session):
 def pytest_collection_modifyitems(session, config, items):
     if SELECT is None:
         return
-    keep = set(SELECT)  # an id, or a parametrized test's id before its `[...]`
+    # An entry is an id, a parametrized test's id before its `[...]`, or a file (every test it holds), named
+    # as the host's reader names them: from the checkout, a rootdir below it a prefix of the id (a project
+    # run as `cd pkg && pytest` reports `tests/t.py::x` for the checkout's `pkg/tests/t.py::x`).
+    keep = set(SELECT)
+    prefix = ""
+    if ROOT:
+        here, root = str(config.rootpath), ROOT.rstrip("/") + "/"
+        prefix = here[len(root):].strip("/") + "/" if here.startswith(root) else ""
 
     def kept(item):
-        return item.nodeid in keep or item.nodeid.split("[", 1)[0] in keep
+        tid = prefix + item.nodeid
+        return tid in keep or tid.split("[", 1)[0] in keep or tid.split("::", 1)[0] in keep
     chosen = [i for i in items if kept(i)]
     gone = [i for i in items if not kept(i)]
     if gone:

@@ -35,6 +35,9 @@ INTERPRETERS = frozenset({"sh", "bash", "dash", "zsh", "python", "python3", "nod
                           "pwsh", "tox", "nox", "uv", "poetry", "pdm", "hatch"})
 FILE_FLAGS = frozenset({"-f", "--file", "--makefile", "-c", "--config", "--rcfile", "--noxfile"})
 SEPARATORS = frozenset({"&&", "||", ";", "|"})
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh"})
+RUNNERS = frozenset({"uv", "poetry", "pdm", "hatch", "pipenv", "rye", "npm", "pnpm", "yarn", "bun"})
+SUBCOMMANDS = frozenset({"run", "exec", "x", "dlx"})
 
 
 def _relative(word: str) -> str | None:
@@ -44,11 +47,12 @@ def _relative(word: str) -> str | None:
     return None if ".." in p.parts else p.as_posix()
 
 
-def named_paths(commands: Iterable[str]) -> set[str]:
+def named_paths(commands: Iterable[str], depth: int = 0) -> set[str]:
     """The files the commands execute: a command word that is a relative path (`./run.sh`,
-    `scripts/test.sh`), the script an interpreter is given (`sh ci/test.sh`, `python tools/run.py`), and a
-    file a runner is pointed at (`make -f ci.mk`, `tox -c tox-ci.ini`). Arguments that are data
-    (`test -f out.txt`) are not the recipe."""
+    `scripts/test.sh`), the script an interpreter is given (`sh ci/test.sh`, `python tools/run.py`), a
+    file a runner is pointed at (`make -f ci.mk`, `tox -c tox-ci.ini`), and the same inside a shell's `-c`
+    command and after a runner's `run` (`uv run ./check.sh`). Arguments that are data (`test -f out.txt`)
+    and subcommands (`uv run`) are not the recipe."""
     out = set()
     for command in commands:
         words, start, head = _words(command), True, ""
@@ -57,9 +61,17 @@ def named_paths(commands: Iterable[str]) -> set[str]:
             if word in SEPARATORS or not word:
                 start = True
                 continue
+            prev = words[i - 1] if i else ""
+            if prev == "-c" and PurePosixPath(head).name in SHELLS:
+                if depth < 3:
+                    out |= named_paths([word], depth + 1)  # the command a shell is given: read as one
+                continue
+            if not start and PurePosixPath(head).name in RUNNERS and word in SUBCOMMANDS and \
+                    PurePosixPath(prev).name in RUNNERS:
+                start = True  # `uv run X`, `poetry run X`, `npx X`: X is a command of its own
+                continue
             if start:
                 head = word
-            prev = words[i - 1] if i else ""
             name = PurePosixPath(prev).name
             if (start and "/" in word) or (name in INTERPRETERS and not word.startswith("-") and not start) or (
                     prev in FILE_FLAGS and head not in ("test", "[")):

@@ -102,6 +102,16 @@ def _rel(path: str) -> str | None:
     return None if p.is_absolute() or ".." in p.parts or not path.strip() else p.as_posix()
 
 
+def _comparable(v: Any) -> bool:
+    if isinstance(v, (bool, int, float, str)):
+        return True
+    if isinstance(v, list):
+        return all(_comparable(x) for x in v)
+    if isinstance(v, dict):
+        return all(_comparable(x) for x in v.values())
+    return False
+
+
 def load(path: Path, prefix: str = "") -> Sealed | str:
     """One sealed file. Every entry is checked before any runs: a bad one makes the file unusable."""
     try:
@@ -120,6 +130,9 @@ def load(path: Path, prefix: str = "") -> Sealed | str:
         extra = sorted(set(raw) - {"id", "expr", "setup", "expect", "expect_raises"})
         if extra or ("expect" in raw) == ("expect_raises" in raw):
             return f"{path}: pair {n} needs exactly one of `expect`, `expect_raises` (and no {', '.join(extra)})"
+        if "expect" in raw and not _comparable(raw["expect"]):
+            return (f"{path}: pair {n}: `expect` must be a number, bool, string, array or table of them (a TOML "
+                    "date or time is never a reported value: give its string or its isoformat())")
         pairs.append(Pair(f"{prefix}{raw.get('id') or f'pair-{n}'}", raw["expr"], str(raw.get("setup") or ""),
                           raw.get("expect"), raw.get("expect_raises")))
     for n, raw in enumerate(data.get("check") or [], 1):
@@ -219,7 +232,7 @@ def _reported(stdout: bytes, nonce: str) -> dict[int, list[Any]]:
             value = ast.literal_eval(literal)
         except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
             value = ("unreadable", None)
-        if index.isdigit():
+        if index.isascii() and index.isdigit():  # `"²".isdigit()` holds, and int() of it raises
             out.setdefault(int(index), []).append(value)
     return out
 
@@ -244,12 +257,15 @@ def same(expected: Any, got: Any) -> bool:
     if isinstance(expected, bool) or isinstance(got, bool):
         return type(expected) is bool and type(got) is bool and expected == got
     if isinstance(expected, (int, float)) and isinstance(got, (int, float)):
-        if isinstance(expected, float) or isinstance(got, float):
-            return math.isclose(float(expected), float(got), rel_tol=1e-9, abs_tol=1e-12)
-        return expected == got
+        if isinstance(expected, float):
+            return math.isclose(expected, float(got), rel_tol=1e-9, abs_tol=1e-12)
+        # An int is exact: a float only where it is that very integer (`mean` giving 2.0 for 2), never near
+        # it (1e20 for 10**20 + 1, 2027.0000001 for 2027).
+        return expected == got if isinstance(got, int) else got.is_integer() and int(got) == expected
     if isinstance(got, dict) and set(got) == {"dict"} and isinstance(expected, dict):
         items = got["dict"]
-        if not isinstance(items, list) or len(items) != len(expected):
+        if not isinstance(items, list) or len(items) != len(expected) or not all(
+                isinstance(kv, (list, tuple)) and len(kv) == 2 for kv in items):
             return False
         return all(any(same(k, gk) and same(v, gv) for gk, gv in items) for k, v in expected.items())
     if isinstance(got, dict) and set(got) == {"set"} and isinstance(expected, list):
@@ -280,7 +296,10 @@ def judge_pairs(sealed: Sealed, stdout: bytes, nonce: str) -> list[Outcome]:
             ok = kind == "raises" and v == pair.raises
             why = "" if ok else f"expected {pair.raises} raised, got {kind} {v!r}"[:500]
         else:
-            ok = kind == "value" and same(pair.expect, v)
+            try:
+                ok = kind == "value" and same(pair.expect, v)
+            except Exception:  # noqa: BLE001 - the report is the judged code's bytes: any shape that breaks
+                ok = False     # the comparison fails the check, and the job goes on
             why = "" if ok else f"expected {pair.expect!r}, got {kind} {v!r}"[:500]
         out.append(Outcome(pair.id, ok, why, pair.guessable))
     return out

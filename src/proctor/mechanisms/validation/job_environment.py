@@ -29,5 +29,11 @@ class JobEnvironment:
     python_env: PythonEnv | None = None  # the repo's venv, when one is used
 
     @property
+    def shown(self) -> tuple[Path, ...]:
+        """What of the person's checkout the repo's commands use (node_modules, the repo's venv): shown to
+        them read-only where the rest of that checkout is hidden."""
+        return (*(sh.source for sh in self.shares), *((self.python_env.venv,) if self.python_env else ()))
+
+    @property
     def ro_binds(self) -> tuple[tuple[Path, Path], ...]:
         return tuple((s.source, s.target) for s in self.shares if not s.layer) if self.bind else ()

@@ -15,6 +15,8 @@ from proctor.mechanisms.confine.egress import EgressProxy
 from proctor.mechanisms.confine.plan import programs_of
 from proctor.mechanisms.git import worktree
 from proctor.mechanisms.git.command import unredirected_env
+from proctor.mechanisms.validation import environment
+from proctor.mechanisms.validation import plan as vplan
 from proctor.contract import RunAgentResult
 from proctor.services.job import sandbox_home
 from proctor.services.job.context import Job, names
@@ -52,13 +54,27 @@ def person_checkout_hidden(job: Job, wt: worktree.Worktree, roots: confine.Confi
     if isinstance(roots, confine.Unavailable):
         return roots
     main, common = wt.repo.path.resolve(), wt.repo.common_dir.resolve()
-    if not common.is_relative_to(main) or roots.worktree.is_relative_to(main):
-        return roots  # a checkout whose git dir lies elsewhere, or that holds the job: not hidden as a whole
+    if roots.worktree.is_relative_to(main):
+        # The job's worktree dir is inside the checkout: hiding the checkout would hide the job. Said, never
+        # silent (a linked worktree or a git dir elsewhere is hidden as any checkout is: found in review).
+        gap = (f"the person's checkout {main} holds the job's worktree (its worktree dir is inside it): its "
+               "untracked and ignored files are not hidden from the agent and the code under test")
+        if gap not in job.risks:
+            job.risks.append(gap)
+        return roots
     cfg = job.settings
     copies = tuple(main / c for c in (cfg.copy if cfg is not None else ()) if (main / c).is_file())
     shown = tuple(p.resolve() for p in (common, *copies, *visible) if p.exists() and p.resolve().is_relative_to(main))
     readonly = tuple(p for p in roots.readonly if p != main) + tuple(p for p in shown if p not in roots.readonly)
     return dataclasses.replace(roots, readonly=readonly, hidden=(*roots.hidden, main))
+
+
+def shown_to_code(job: Job, wt: worktree.Worktree, env: dict[str, str]) -> tuple[Path, ...]:
+    """What of the person's checkout the agent sees as validation does (its node_modules, the repo's venv):
+    an agent running the tests as it works needs them (found in review: the venv on its PATH was hidden)."""
+    jenv = environment.prepare(wt.path, wt.repo.path, vplan.Plan(()), job.settings, tmp=job.agent_tmp / "agent-env",
+                               env=env, bind=False)
+    return jenv.shown
 
 
 def holdout(job: Job) -> list[str]:
@@ -99,7 +115,7 @@ def confine_agent(job: Job, confiner: confine.Confiner, wt: worktree.Worktree, a
     job.state_dirs = tuple(state_dirs)
     roots = hide_holdout(job, confine.job_roots(wt.path, job.agent_tmp, state_dirs, readonly=main_repo(wt),
                                                 network=spec.network))
-    roots = person_checkout_hidden(job, wt, roots)
+    roots = person_checkout_hidden(job, wt, roots, shown_to_code(job, wt, env))
     if isinstance(roots, confine.Unavailable):
         return roots
     if job.gate is not None:
@@ -203,13 +219,20 @@ def settle_state(job: Job, result: RunAgentResult) -> None:
     hooks, MCP servers or extensions a risk (the copy, and the change, go with the job's tmp)."""
     if job.state is None:
         return
-    done = sandbox_home.settle(job.state, job.reached)
+    done = sandbox_home.settle(job.state)
     details = result.confinement_details.get("state")
     if isinstance(details, dict):
-        details.update(kept=list(done.kept), not_kept=list(done.not_kept), changed_config=list(done.changed_config))
-    if done.not_ours:
-        job.risks.append("the job changed its CLI's login to another account, or not through a refresh the host "
-                         f"saw: {names(list(done.not_ours))} (not written back: the user's login stands)")
+        details.update(login_changed=list(done.login_changed), login_rotated=list(done.rotated),
+                       changed_config=list(done.changed_config))
+        if done.login_changed:
+            # Not a risk of the diff: what the person must know of their login.
+            rotated = (f"; its refresh token changed ({names(list(done.rotated))}): the one your CLI keeps may "
+                       "be spent, and if it says you are logged out, log in again") if done.rotated else ""
+            details["login"] = (f"the job's CLI changed its login ({names(list(done.login_changed))}): not "
+                                f"written back, proctor cannot tell from the job's copy whose it is{rotated}")
+    if done.other_account:
+        job.risks.append(f"the job changed its CLI's login to another account: {names(list(done.other_account))} "
+                         "(not written back: the user's login stands)")
     if done.changed_config:
         job.risks.append("the agent changed its CLI's config, hooks, MCP servers or extensions in its state dir: "
                          f"{names(list(done.changed_config))} (the job's copy only: discarded, never seen by "

@@ -49,7 +49,6 @@ class Job:
     state: sandbox_home.StateCopy | None = None  # settled when the agent exited (boundary.settle_state)
     egress: EgressProxy | None = None  # the host-run proxy to the adapter's declared hosts, while the agent runs
     refused_egress: dict[str, str] = field(default_factory=dict)  # host:port -> why, every proxy of the job
-    reached: set[str] = field(default_factory=set)  # hosts the job's proxies let it reach (a login's refresh)
     gate: gatekeeper.GateService | None = None  # the gate the agent's CLI asks before each tool call
     backend: Backend | None = None  # an HTTP status the CLI's protocol reported for the deciding run
     # The repo's keys (config over the base's .proctor.toml), read once: its setup, shares and validate.

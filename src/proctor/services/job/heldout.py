@@ -24,7 +24,6 @@ from proctor.mechanisms.confine import beneath
 from proctor.mechanisms.evidence import holdout as held
 from proctor.mechanisms.evidence import sealed as sealing
 from proctor.mechanisms.evidence.readers import PASSING
-from proctor.mechanisms.git import landing
 from proctor.mechanisms.process.spawn import Exit
 from proctor.mechanisms.validation import plan as vplan
 from proctor.services.job import trial
@@ -39,35 +38,68 @@ def log_path(job_id: str) -> Path:
     return job_dir(job_id) / "holdout.log"
 
 
-def _dotted(pytest_id: str) -> str:
-    """`tests/test_x.py::T::test_y` as unittest names it: `tests.test_x.T.test_y`."""
-    path, _, rest = pytest_id.partition("::")
-    return path.removesuffix(".py").replace("/", ".") + "." + rest.replace("::", ".")
+@dataclasses.dataclass
+class _Tally:
+    """The held-out tests' judgement over every step of the held-out run."""
+
+    want: dict[str, held.Expected]
+    owners: held.Owners
+    reported: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # file -> its tests' ids
+    bad: set[str] = dataclasses.field(default_factory=set)  # files (or ids) that did not run or did not pass
+    steps: set[str] = dataclasses.field(default_factory=set)  # steps that failed (their exit, or no end)
+
+    def step(self, attempt: vplan.Attempt, main_exit: int | None) -> bool:
+        """Take one step's reports; whether it passed. Every test a held-out file defines must pass, whatever
+        the runner; a step that exits nonzero where the job's own run of it exited 0 fails (its runner saw
+        something its reports do not say), and one that failed there too is judged by its reports alone."""
+        ok, owned = True, False
+        for ev in attempt.found.values():
+            ok = ok and ev.ended >= ev.sessions
+            for tid, outcome in ev.tests.items():
+                rel = self.owners.of(tid, ev.files.get(tid))
+                if rel is None:
+                    continue
+                owned = True
+                self.reported.setdefault(rel, []).append(tid)
+                if outcome not in PASSING:
+                    self.bad.add(rel)
+                    ok = False
+        # pytest's 5 is "no test selected": its held-out files are another runner's.
+        nothing = (attempt.exit_code == 5 and not owned and attempt.found.get("pytest") is not None
+                   and attempt.found["pytest"].collected == 0)
+        if attempt.exit_code != 0 and main_exit == 0 and not nothing:
+            ok = False
+        if not ok:
+            self.steps.add(attempt.label)
+        return ok
+
+    def judge(self) -> tuple[int, int]:
+        """(tests expected, how many did not run or did not pass): each file at least one report, each of
+        its named ids and methods reported (an id's parametrized instances, or unittest's dotted name)."""
+        count = 0
+        for rel, want in self.want.items():
+            got = self.reported.get(rel, [])
+            count += max(1, len(want.ids) + len(want.methods))
+            if not got:
+                self.bad.add(rel)
+                continue
+            # unittest never collects a top-level function: a file only it reported owes its classes' tests.
+            by_unittest = not any("::" in t for t in got)
+            for tid in want.ids:
+                if by_unittest and tid.count("::") == 1:
+                    continue
+                dot = held.dotted(tid)
+                if not any(t == tid or t.startswith(tid + "[") or t == dot for t in got):
+                    self.bad.add(tid)
+            for m in want.methods:
+                if not any(t.endswith(("::" + m, "." + m)) or f"::{m}[" in t for t in got):
+                    self.bad.add(f"{rel}::*::{m}")
+        return count, len(self.bad)
 
 
-def _judge_tests(expected: dict[str, list[str]], outcomes: dict[str, str], files: dict[str, str]) -> tuple[int, list[str]]:
-    """(ids expected, the held-out test files' ids that did not run or pass). A Python file's ids are known
-    from its syntax: each must be reported (a parametrized one as `id[...]`), every instance passing. Another
-    runner's file must report at least one test, all passing."""
-    bad, count = [], 0
-    for rel, ids in expected.items():
-        if ids:
-            for tid in ids:
-                count += 1
-                dotted = _dotted(tid)
-                got = [o for t, o in outcomes.items() if t == tid or t.startswith(tid + "[") or t == dotted]
-                if not got or any(o not in PASSING for o in got):
-                    bad.append(tid)
-        else:
-            count += 1
-            got = [o for t, o in outcomes.items() if files.get(t) == rel or t.startswith((rel + "::", rel + " > "))]
-            if not got or any(o not in PASSING for o in got):
-                bad.append(rel)
-    return count, bad
-
-
-def run(job: Job, given: trial.Trial, landed: landing.Landing, result: RunAgentResult) -> str | None:
-    """The held-out step (when the job has held-out dirs); None, or why it failed (the job is failed)."""
+def run(job: Job, given: trial.Trial, main: vplan.Run, result: RunAgentResult) -> str | None:
+    """The held-out step (when the job has held-out dirs), after the job's own run `main`; None, or why it
+    failed (the job is failed)."""
     dirs = list(given.holdout)
     if not dirs:
         return None
@@ -77,11 +109,12 @@ def run(job: Job, given: trial.Trial, landed: landing.Landing, result: RunAgentR
         if isinstance(got, str):
             return f"the sealed checks cannot be used: {got}"
         checks = checks + got
-    expected: dict[str, list[str]] = {}
-    files = 0
+    expected: dict[str, held.Expected] = {}
+    paths: list[str] = []
     for d in dirs:
-        expected.update(held.held_ids(Path(d)))
-        files += len(held.held_files(Path(d)))
+        expected.update(held.expected(Path(d)))
+        paths += held.held_files(Path(d))
+    files = len(paths)
     log = log_path(job.job_id)
     outcomes: list[sealing.Outcome] = []
     nonce = secrets.token_hex(8)
@@ -95,6 +128,7 @@ def run(job: Job, given: trial.Trial, landed: landing.Landing, result: RunAgentR
             ex = run_one([_python(given), str(drv)], b"", "sealed-pairs")
             _log(log, "sealed pairs", ex)
             got = sealing.judge_pairs(checks, ex.stdout, nonce)
+            _note(log, got)
             outcomes.extend(got)
             runs.append(_record(f"sealed pairs ({len(got)})", ex, all(o.passed for o in got)))
         for check in checks.checks:
@@ -105,11 +139,13 @@ def run(job: Job, given: trial.Trial, landed: landing.Landing, result: RunAgentR
             ex = run_one(list(check.argv), check.stdin.encode(), "sealed-check")
             _log(log, f"sealed check {check.id}", ex)
             outcomes.append(sealing.judge_check(check, ex.exit_code, ex.stdout, _read(job.work, check.outputs)))
+            _note(log, outcomes[-1:])
             runs.append(_record(f"sealed check #{len(outcomes)}", ex, outcomes[-1].passed))
 
     test_plan = given.plan if files else vplan.Plan(())
-    python_only = all(ids for ids in expected.values()) and bool(expected)
-    select = tuple(i for ids in expected.values() for i in ids) if python_only else None
+    # pytest runs the held-out files alone (any test they hold, whatever its name); another runner runs its
+    # suite, and only the held-out files' reports are judged here (the rest was judged in the job's run).
+    select = tuple(sorted(set(paths)))
     job.progress.phase("running the held-out checks")
     ran = trial.run(job, dataclasses.replace(given, name="heldout", plan=test_plan, first=False, observe=True,
                                              base=None, select=select, after=after, log=log), result)
@@ -117,28 +153,25 @@ def run(job: Job, given: trial.Trial, landed: landing.Landing, result: RunAgentR
         return "the held-out checks did not run"
     if ran.killed_reason:
         return f"the held-out checks {ran.killed_reason}"
-    tests: dict[str, str] = {}
-    test_files: dict[str, str] = {}
-    ended = True
-    for a in ran.attempts:
-        for ev in a.found.values():
-            tests.update(ev.tests)
-            test_files.update(ev.files)
-            ended = ended and ev.ended >= ev.sessions
-    count, bad_tests = _judge_tests(expected, tests, test_files) if files else (0, [])
+    tally = _Tally(expected, held.Owners(paths))
+    main_exit = {a.label: a.exit_code for a in main.attempts}
+    records = [{**a.record(), "label": f"held-out: {a.label}", "output_tail": KEPT, "tests": None,
+                "evidence_failure": None, "compared": None, "passed": tally.step(a, main_exit.get(a.label))}
+               for a in ran.attempts]
+    count, failed_tests = tally.judge() if files else (0, 0)
     summary = sealing.summary(outcomes)
     result.holdout = {**(result.holdout or {}), "dirs": len(dirs), "files": files,
-                      "tests": {"expected": count, "failed": len(bad_tests)}, "sealed": summary}
-    tests_ok = not bad_tests and ended
-    result.validation += [{**a.record(), "label": f"held-out: {a.label}", "output_tail": KEPT, "compared": None,
-                           "passed": tests_ok} for a in ran.attempts] + runs
-    job.ledger.append("job.heldout", {"jobId": job.job_id, "tests": count, "tests_failed": len(bad_tests),
+                      "tests": {"expected": count, "failed": failed_tests}, "steps_failed": len(tally.steps),
+                      "sealed": summary}
+    result.validation += records + runs
+    job.ledger.append("job.heldout", {"jobId": job.job_id, "tests": count, "tests_failed": failed_tests,
+                                      "steps_failed": len(tally.steps),
                                       "sealed": summary}, job_id=job.job_id)
     why = []
-    if files and not ended:
-        why.append("the held-out run never reached its end")
-    if bad_tests:
-        why.append(f"{len(bad_tests)} of {count} held-out test(s) did not run or did not pass")
+    if failed_tests:
+        why.append(f"{failed_tests} of {count} held-out test(s) did not run or did not pass")
+    if tally.steps:
+        why.append(f"{len(tally.steps)} held-out step(s) failed (an exit the job's own run did not have, or no end)")
     if summary["failed"]:
         shown = ", ".join(f"#{i}" for i in summary["failed_ordinals"][:5])
         why.append(f"{summary['failed']} of {summary['checks']} sealed check(s) failed ({shown})")
@@ -187,10 +220,13 @@ def _lay(checkout: Path, files: dict[str, str]) -> str | None:
 
 
 def _read(checkout: Path, outputs: dict[str, str]) -> dict[str, bytes | None]:
-    out: dict[str, bytes | None] = {}
+    out: dict[str, bytes | None] = {rel: None for rel in outputs}
     if not outputs:
         return out
-    fd = beneath.open_root(checkout)
+    try:
+        fd = beneath.open_root(checkout)
+    except OSError:
+        return out  # the checkout is gone or a link now: every output is missing
     try:
         for rel in outputs:
             try:
@@ -209,11 +245,21 @@ def _record(label: str, ex: Exit, passed: bool) -> dict[str, Any]:
 
 
 def _log(log: Path, what: str, ex: Exit) -> None:
+    _append(log, f"=== {what} => exit {ex.exit_code} ===\n".encode() + b"--- stdout ---\n" + ex.stdout[-MAX_OUTPUT:]
+            + b"\n--- stderr ---\n" + ex.stderr[-MAX_OUTPUT:] + b"\n")
+
+
+def _note(log: Path, outcomes: list[sealing.Outcome]) -> None:
+    """Which sealed check failed and why, for the person (the why may hold the expected value: host only)."""
+    _append(log, "".join(f"--- sealed {o.id}: {'passed' if o.passed else 'FAILED: ' + o.why}\n"
+                         for o in outcomes).encode("utf-8", "replace"))
+
+
+def _append(log: Path, data: bytes) -> None:
     try:
         log.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         with open(log, "ab") as f:
-            f.write(f"=== {what} => exit {ex.exit_code} ===\n".encode() + b"--- stdout ---\n" + ex.stdout[-MAX_OUTPUT:]
-                    + b"\n--- stderr ---\n" + ex.stderr[-MAX_OUTPUT:] + b"\n")
+            f.write(data)
     except OSError:
         pass
 

@@ -77,7 +77,7 @@ def diff_risks(job: Job, landed: landing.Landing) -> list[str]:
     touched = frozen.test_defining(landed.changed)
     if touched:
         job.risks.append(f"the agent changed files that define the tests: {names(touched)}")
-    crossed = crossing_of(job, landed.changed)
+    crossed = crossing_of(job, landed)
     if crossed:
         job.risks.append(f"the agent changed what runs or is obeyed outside the tests (the trust line): "
                          f"{trustline.say(crossed)}; `proctor land` asks for --allow-trust-line")
@@ -99,12 +99,13 @@ def diff_risks(job: Job, landed: landing.Landing) -> list[str]:
     return touched
 
 
-def crossing_of(job: Job, changed: list[str]) -> list[tuple[str, str]]:
+def crossing_of(job: Job, landed: landing.Landing) -> list[tuple[str, str]]:
     cfg = job.settings
     commands = [c for c in (job.request.validate_command or (cfg.validate if cfg else None), *(cfg.setup if cfg else ()))
                 if c]
-    return trustline.crossing(changed, trustline.hooks_path(Path(job.request.repo)),
-                              sorted(recipe.named_paths(commands)))
+    return trustline.crossing(landed.changed, trustline.hooks_path(Path(job.request.repo)),
+                              sorted(recipe.named_paths(commands)),
+                              trustline.versions_in(landed.git_dir, landed.base_sha, landed.commit))
 
 
 def review_checkout(job: Job, wt: worktree.Worktree, landed: landing.Landing | None, dirty: bool) -> None:

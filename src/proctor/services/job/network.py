@@ -14,8 +14,6 @@ from proctor.services.job.context import Job
 def egress_row(job: Job) -> Callable[[dict], None]:
     def row(decision: dict) -> None:
         job.ledger.append("egress.decision", {"jobId": job.job_id, **decision}, job_id=job.job_id)
-        if decision.get("allowed") and decision.get("host"):
-            job.reached.add(str(decision["host"]).lower())
         if not decision.get("allowed"):
             where = f"{decision.get('host')}:{decision.get('port')}"
             job.refused_egress.setdefault(where, str(decision.get("reason") or "refused"))

@@ -23,7 +23,8 @@ from proctor.mechanisms.evidence.baseline import Baseline
 from proctor.services.job import baseline, gate
 from proctor.services.job.admit import Admitted
 from proctor.services.job.agent_version import VERSION_TIMEOUT_S, agent_version, executable, inside
-from proctor.services.job.boundary import confine_agent, hide_holdout, hide_home, main_repo, without_credentials
+from proctor.services.job.boundary import (confine_agent, hide_holdout, hide_home, main_repo, person_checkout_hidden,
+                                          without_credentials)
 from proctor.services.job.context import Job
 from proctor.services.job.record import validation_log
 from proctor.services.job.network import registry_proxy
@@ -166,6 +167,8 @@ def _setup(job: Job, wt: worktree.Worktree, runner: ProcessRunner, env: dict[str
                                env=env, bind=False)
     roots = hide_holdout(job, confine.job_roots(wt.path, job.agent_tmp, readonly=(*main_repo(wt), *jenv.readonly),
                                                 network=bool(cfg.registries)))
+    # Hidden from setup as from the agent: a package's install script runs here with the registry's network.
+    roots = person_checkout_hidden(job, wt, roots, jenv.shown)
     if not isinstance(roots, confine.Unavailable):
         roots = hide_home(job, roots, ["/bin/sh"])
     if isinstance(roots, confine.Unavailable):

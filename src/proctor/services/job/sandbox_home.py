@@ -10,8 +10,8 @@ Owns four things, as data and small functions:
                         needs from it (toolchains, the agent's install, `read_home`)
     copy_state(job_home, user_home, spec) -> StateCopy | str   the adapter's state dirs copied under the
                         job's HOME (its private tmp, so their growth counts toward the disk limit)
-    settle(copy) -> Settled                                 after the agent: the must-keep files written
-                        back, a change to the CLI's config, hooks or extensions a risk; the rest dropped
+    settle(copy) -> Settled                                 after the agent: a change to its login said
+                        (never written back), to the CLI's config, hooks or extensions a risk; all dropped
 
 Why a copy (issue 21, 22): a job appended an MCP server to the shared ~/.codex/config.toml and the next job,
 another ticket, ran it at session start, before any gated call. It never spawns and never confines: the
@@ -28,9 +28,8 @@ import os
 import re
 import shutil
 import stat
-import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,7 +44,7 @@ BASICS = ("PATH", "LANG", "LANGUAGE", "TERM", "COLORTERM", "NO_COLOR", "TZ", "US
 # A state dir larger than this is refused rather than copied for every job: `state_skip` its history.
 COPY_CAP = 256 << 20
 COPY_ENTRIES = 20_000
-KEEP_CAP = 1 << 20  # a must-keep file (a login token) is small; a larger one is not written back
+KEEP_CAP = 1 << 20  # a login file is small; a larger one is not read for whose it is
 MAX_HIDDEN = 2000
 # Never hidden as a whole, whatever $HOME says (root's HOME may be /).
 _SYSTEM = frozenset(Path(p) for p in ("/", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/opt", "/var",
@@ -313,16 +312,16 @@ def _watch(home: Path, entries: Sequence[str], skip: Sequence[str] = ()) -> dict
 
 @dataclass(frozen=True)
 class Settled:
-    kept: tuple[str, ...] = ()  # written back to the user's state
-    not_kept: tuple[str, ...] = ()  # changed by the job, but the user's changed meanwhile (or unwritable)
+    login_changed: tuple[str, ...] = ()  # login files the job changed: never written back to the user's
+    rotated: tuple[str, ...] = ()  # of those, the ones whose refresh token changed (the user's may be spent)
+    other_account: tuple[str, ...] = ()  # of those, the ones that now name another account: a risk
     changed_config: tuple[str, ...] = ()  # watched entries the job changed: a risk each
-    not_ours: tuple[str, ...] = ()  # a login changed to another account, or with no refresh the host saw
 
 
 # Fields of a login file that say whose it is (at any depth), and a JWT's claims that do: a refresh changes
 # the tokens, never these. A key (`OPENAI_API_KEY`) is one too: a refresh never replaces one.
 IDENTITY_KEY = re.compile(r"account|email|^sub$|user|org|tenant|workspace|api_?key|client_id|project", re.I)
-JWT_CLAIMS = ("sub", "email", "iss", "aud", "https://api.openai.com/auth", "org_id", "account_id")
+JWT_CLAIMS = ("sub", "email", "iss", "aud", "org_id", "account_id")
 
 
 def _claims(token: str) -> dict[str, object] | None:
@@ -336,9 +335,9 @@ def _claims(token: str) -> dict[str, object] | None:
     return {k: body.get(k) for k in JWT_CLAIMS} if isinstance(body, dict) else None
 
 
-def identity(data: bytes) -> object:
-    """Whose login `data` is: its identity fields and its JWTs' identity claims (never the tokens), or the
-    bytes' digest when it is not JSON (then only an unchanged file is the same account)."""
+def _fields(data: bytes, wanted: Callable[[str], bool]) -> object:
+    """The JSON fields of `data` whose key `wanted` takes, with their paths (the bytes' digest when it is not
+    JSON: then only an unchanged file has the same ones)."""
     try:
         doc = json.loads(data)
     except ValueError:
@@ -350,9 +349,9 @@ def identity(data: bytes) -> object:
             for k, v in sorted(value.items()):
                 if isinstance(v, (dict, list)):
                     walk(v, f"{path}.{k}")
-                elif IDENTITY_KEY.search(str(k)) and not re.search(r"token|expir|refresh", str(k), re.I):
+                elif wanted(str(k)):
                     found.append((f"{path}.{k}", v))
-                elif isinstance(v, str) and v.count(".") == 2 and (claims := _claims(v)) is not None:
+                elif isinstance(v, str) and v.count(".") == 2 and wanted("#claims") and (claims := _claims(v)):
                     found.append((f"{path}.{k}#claims", claims))
         elif isinstance(value, list):
             for i, v in enumerate(value[:100]):
@@ -362,51 +361,43 @@ def identity(data: bytes) -> object:
     return found
 
 
-def settle(copy: StateCopy, reached: set[str] | frozenset[str] = frozenset()) -> Settled:
-    """The job's must-keep files written back (only those names, only when the job changed them, only
-    over a user's file nobody else changed meanwhile, and only when it is still the same account and the
-    adapter's login host was reached: `reached`, the hosts the job's proxy let it reach, the host's own
-    record, which the agent cannot write); its changes to watched config listed; everything else it wrote
-    in its state is dropped with its private tmp."""
-    kept, not_kept, not_ours = [], [], []
-    login_hosts = {h.split(":")[0].lower() for h in copy.spec.login_hosts}
+def identity(data: bytes) -> object:
+    """Whose login `data` says it is: its identity fields and its JWTs' identity claims (never the tokens).
+    Only what the file says: the agent writes the job's copy, so a match proves nothing, and a mismatch
+    is a risk."""
+    return _fields(data, lambda k: k == "#claims" or (
+        IDENTITY_KEY.search(k) is not None and re.search(r"token|expir|refresh", k, re.I) is None))
+
+
+def settle(copy: StateCopy) -> Settled:
+    """After the job: its changes to the login files (`state_keep`) and to watched config, said; nothing
+    of its state is written back, and everything it wrote there goes with its private tmp.
+
+    A login the job changed is never written back (issue 39): whose it is can be judged only on something
+    the agent cannot write, a signature checked against the issuer's keys or the issuer's own answer to
+    the host, and the job's copy is the agent's (found in review: an attacker's tokens paired with the
+    user's copied id_token, an opaque token with no identity in it, and a refresh the agent made itself
+    through the allowed issuer all passed the checks that read the copy). A refresh that rotated the
+    refresh token leaves the user's spent: said, so the person logs in again."""
+    changed, rotated, other = [], [], []
     for raw, before in copy.keep.items():
         now = _digest(_under(copy.home, raw))
         if now == before or now is None or now.startswith("unreadable:"):
             continue
-        target = _under(copy.user_home, raw)
-        if _digest(target) != before:
-            not_kept.append(raw)  # another job (or the user) refreshed it first: theirs stands
-            continue
+        changed.append(raw)
         data = read_capped(_under(copy.home, raw), KEEP_CAP)
-        theirs = read_capped(target, KEEP_CAP) if os.path.lexists(target) else b"{}"
-        if data is not None and theirs is not None and (
-                identity(data) != identity(theirs) or (login_hosts and not login_hosts & set(reached))):
-            # Another account (an attacker's key or token), or no refresh the host saw: the user's stands.
-            not_ours.append(raw)
+        target = _under(copy.user_home, raw)
+        theirs = read_capped(target, KEEP_CAP) if os.path.lexists(target) else None
+        if data is None or theirs is None:
             continue
-        if data is None or not _replace(target, data):
-            not_kept.append(raw)
-            continue
-        kept.append(raw)
+        if identity(data) != identity(theirs):
+            other.append(raw)
+        if _fields(data, _refresh) != _fields(theirs, _refresh):
+            rotated.append(raw)
     after = _watch(copy.home, copy.spec.state_watch, copy.spec.state_skip)
-    changed = sorted(k for k in set(after) | set(copy.watch) if after.get(k) != copy.watch.get(k))
-    return Settled(tuple(kept), tuple(not_kept), tuple(changed), tuple(not_ours))
+    watched = sorted(k for k in set(after) | set(copy.watch) if after.get(k) != copy.watch.get(k))
+    return Settled(tuple(changed), tuple(rotated), tuple(other), tuple(watched))
 
 
-def _replace(target: Path, data: bytes) -> bool:
-    """Write `data` over `target` by a rename in its folder, owner-only: a reader never sees half a token."""
-    try:
-        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.proctor-")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, target)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError:
-        return False
-    return True
+def _refresh(key: str) -> bool:
+    return re.search(r"refresh", key, re.I) is not None

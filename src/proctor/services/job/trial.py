@@ -148,8 +148,7 @@ def run(job: Job, trial: Trial, result: RunAgentResult | None) -> vplan.Run | No
     readonly = (*main_repo(wt), wt.path, *jenv.readonly)
     # The person's checkout is hidden from the code under test but what validation shares from it (its
     # node_modules, the repo's own venv there); a copied file is laid in by the host.
-    shared = (*(sh.source for sh in jenv.shares), *((jenv.python_env.venv,) if jenv.python_env else ()))
-    run = _run_in(job, plan, jenv, readonly, tmpdir, dataclasses.replace(trial, visible=shared))
+    run = _run_in(job, plan, jenv, readonly, tmpdir, dataclasses.replace(trial, visible=jenv.shown))
     if run is not None and trial.seed and trial.keep_seed and not run.killed_reason:
         for var in caches.SEEDED:
             if var in jenv.env:
@@ -166,7 +165,7 @@ def _run_in(job: Job, plan: vplan.Plan, jenv: JobEnvironment, readonly: tuple[Pa
     base_env = {**trial.env, **jenv.env}
     try:
         inst = instrument(Path(tempfile.mkdtemp(prefix=f"{trial.name}-evidence-", dir=job.host_tmp)), tmpdir,
-                          base_env, select=trial.select)
+                          base_env, select=trial.select, root=job.work)
     except OSError as exc:
         job.risks.append(f"validation not run: its evidence reporter could not be laid out: {exc}")
         return None

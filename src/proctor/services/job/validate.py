@@ -9,7 +9,7 @@ its tests decides nothing here."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from proctor.contract import Code, RunAgentResult, Status
 from proctor.mechanisms.evidence import holdout as held
@@ -73,7 +73,7 @@ def validate(job: Job, prepared: Prepared, landed: landing.Landing, touched: lis
     run = _again(job, given, landed, run)
     if judge.run(job, run, result, ""):
         return True
-    why = heldout.run(job, dataclasses.replace(given, holdout=hidden), landed, result)
+    why = heldout.run(job, dataclasses.replace(given, holdout=hidden), run, result)
     if why:
         heldout.failed(job, result, why)
         return True
@@ -92,19 +92,9 @@ def validate(job: Job, prepared: Prepared, landed: landing.Landing, touched: lis
 
 def _rules(job: Job, hidden: tuple[str, ...]) -> Rules:
     cfg = job.settings
-    held_paths = [rel for d in hidden for rel in held.held_files(Path(d))]
+    owners = held.Owners([rel for d in hidden for rel in held.held_files(Path(d))])
     return Rules(must_pass=frozenset([*(job.request.must_pass or ()), *(cfg.must_pass if cfg else ())]),
-                 known=frozenset(cfg.flaky if cfg else ()), held=_held(held_paths))
-
-
-def _held(paths: list[str]):  # noqa: ANN202 - a predicate over test ids
-    """A test id defined by a held-out file: pytest's `path::name`, jest's `path > name`, unittest's
-    `dotted.module.Class.test` (a held-out file laid over a visible one defines that test now)."""
-    prefixes = tuple(p + sep for p in paths for sep in ("::", " > "))
-    dotted = tuple(PurePosixPath(p).with_suffix("").as_posix().replace("/", ".") + "." for p in paths
-                   if p.endswith(".py"))
-    exact = frozenset(paths)
-    return lambda tid: tid in exact or tid.startswith(prefixes) or tid.startswith(dotted)
+                 known=frozenset(cfg.flaky if cfg else ()), held=lambda tid: owners.of(tid) is not None)
 
 
 def _again(job: Job, given: trial.Trial, landed: landing.Landing, run: vplan.Run) -> vplan.Run:

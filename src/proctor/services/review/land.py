@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 from proctor.mechanisms.config.load import ConfigError, load_config
 from proctor.mechanisms.config.model import Config
+from proctor.mechanisms.config.settings import RepoSettings
 from proctor.mechanisms.confine import CONFINE_ORDER, beneath
 from proctor.contract import check_ref
 from proctor.mechanisms.evidence import recipe
@@ -45,6 +46,7 @@ from proctor.mechanisms.git.landing import COMMIT_ENV
 from proctor.mechanisms.git.trees import changed_paths, tree_entries
 from proctor.mechanisms.ledger.store import Ledger, LedgerError
 from proctor.mechanisms.policy.stop import StopSwitch
+from proctor.mechanisms.validation import environment
 from proctor.services.review import revalidate
 from proctor.services.review.jobs import Job
 from proctor.services.review.objects import JobObjects, open_objects
@@ -374,7 +376,7 @@ def _in_scratch(ledger: Ledger, job: Job, scratch: Path, into: str | None, mode:
         return objs
     if objs.tree == _tree_of(objs, objs.base):
         return refuse(Code.NOTHING_TO_LAND, f"job {job.job_id} changed no file")
-    crossed = _crossed(objs, job)
+    crossed = _crossed(objs, job, config)
     if crossed and not allow_trust_line:
         return refuse(Code.TRUST_LINE, f"job {job.job_id} changes what runs or is obeyed outside the tests: "
                       f"{trustline.say(crossed)}; read it (`proctor diff {job.job_id}`), then land with "
@@ -450,13 +452,24 @@ def _in_scratch(ledger: Ledger, job: Job, scratch: Path, into: str | None, mode:
     return Outcome(Code.OK, f"landed job {job.job_id} into {target} ({p.how}) at {p.new[:12]}", details)
 
 
-def _crossed(objs: JobObjects, job: Job) -> list[tuple[str, str]]:
+def _crossed(objs: JobObjects, job: Job, config: Config | None) -> list[tuple[str, str]]:
     changed = changed_paths(objs.git_dir, objs.base, objs.commit)
     if isinstance(changed, worktree.Failure):
         return [("(the job's diff could not be read)", changed.reason)]
+    # The scripts the job's validation and setup run, as the job named them: the request's command, else
+    # the repo's settings at the base (found in review: a script the config's `validate` names landed
+    # without the flag).
     command = (job.record.request or {}).get("validateCommand")
-    return trustline.crossing(changed, trustline.hooks_path(objs.repo.path),
-                              sorted(recipe.named_paths([command] if command else [])))
+    if config is None:
+        try:
+            config = load_config()
+        except ConfigError:
+            config = None  # the base's `.proctor.toml` still names its scripts
+    cfg = environment.settings(config.repos if config is not None else None, objs.repo.path, objs.git_dir, objs.base)
+    cfg = cfg if isinstance(cfg, RepoSettings) else None
+    commands = [c for c in (command or (cfg.validate if cfg else None), *(cfg.setup if cfg else ())) if c]
+    return trustline.crossing(changed, trustline.hooks_path(objs.repo.path), sorted(recipe.named_paths(commands)),
+                              trustline.versions_in(objs.git_dir, objs.base, objs.commit))
 
 
 def _tree_of(objs: JobObjects, rev: str) -> str | None:

@@ -128,7 +128,9 @@ def _added_lines(git_dir: Path, base: str, commit: str, paths: Sequence[str]) ->
 def changed_sources(git_dir: Path, base: str, commit: str, changed: Sequence[str],
                     is_test: Callable[[str], bool]) -> tuple[list[Source], list[Unread]]:
     """The changed sources (both versions, the lines added), and every changed file the signals did not
-    read with why: over a cap, a symlink, binary, not a language the rules read."""
+    read that can run, with why: over a cap, a symlink, binary, compiled code (a `calc.cpython-312-*.so`
+    beside `calc.py` is imported before it). A file of no language the rules read is data: checked by
+    `data_files` for code that runs it."""
     candidates = [p for p in dict.fromkeys(changed) if not is_test(p) and "\n" not in p]
     unread: list[Unread] = []
     new_entries = _listing(git_dir, commit, candidates[:MAX_FILES * 4])
@@ -142,6 +144,8 @@ def changed_sources(git_dir: Path, base: str, commit: str, changed: Sequence[str
             unread.append(Unread(p, "a symlink (the signals read no file through it)"))
             continue
         if not language(p):
+            if COMPILED.search(p):
+                unread.append(Unread(p, "compiled code (the signals read no source of it)"))
             continue
         if len(kept) >= MAX_FILES:
             unread.append(Unread(p, f"past the {MAX_FILES} files the signals read"))
@@ -170,6 +174,9 @@ def changed_sources(git_dir: Path, base: str, commit: str, changed: Sequence[str
     return out, unread
 
 
+COMPILED = re.compile(r"\.(?:so|pyd|dll|dylib|pyc|pyo|node|wasm|jar|class|a|o)$|\.so\.\d[\d.]*$", re.I)
+
+
 def data_files(changed: Sequence[str], sources: Sequence[Source], is_test: Callable[[str], bool]) -> list[str]:
     """Changed files the rules cannot read (no language) that a changed source names in a string it added:
     data the code under test loads or executes (`exec(open("calc.impl").read())`)."""
@@ -196,8 +203,21 @@ def _added_strings(src: Source) -> list[Literal]:
     """The string literals on the lines the agent added that execute or unpickle what they name: data the
     code runs (`exec(open(... + '.impl').read())`), not data it reads (a zoneinfo tarball, a stylesheet)."""
     scanned = scan(src.new, src.lang)
-    return [lit for lit in scanned.strings if lit.line in src.added and len(lit.value) >= 3
-            and RUNS.search(scanned.line(lit.line))]
+    runs = [scanned.line(n) for n in src.added if RUNS.search(scanned.line(n))]
+    if not runs:
+        return []
+
+    def executed(line: int) -> bool:
+        code = scanned.line(line)
+        if RUNS.search(code):
+            return True
+        # A name bound to it (`IMPL = "calc.impl"`, `const IMPL = ...`) that a running line uses.
+        bound = BINDS.match(code)
+        return bound is not None and any(re.search(rf"(?<![\w.$]){re.escape(bound.group(1))}\b", r) for r in runs)
+    return [lit for lit in scanned.strings if lit.line in src.added and len(lit.value) >= 3 and executed(lit.line)]
+
+
+BINDS = re.compile(r"^\s*(?:(?:export\s+)?(?:const|let|var)\s+)?([A-Za-z_$][\w$]*)\s*(?::[^=]*)?=(?!=)")
 
 
 def _read_literals(git_dir: Path, sizes: dict[str, int], budget: int) -> LiteralSet:

@@ -14,7 +14,7 @@ from pathlib import Path
 from proctor.mechanisms.evidence.signals.commits import (Unread, changed_sources, data_files, declared_entry_points,
                                                          known_literals)
 from proctor.mechanisms.evidence.signals.literals import LiteralSet, copied_literals
-from proctor.mechanisms.evidence.signals.rules import ends_process, is_entry_file, reads_caller
+from proctor.mechanisms.evidence.signals.rules import ends_process, frames, is_entry_file, reads_caller
 from proctor.mechanisms.evidence.signals.scan import Source, scan
 from proctor.mechanisms.evidence.signals.state import braced_state, python_state
 from proctor.mechanisms.evidence.signals.tamper import tampers
@@ -55,18 +55,17 @@ def _rust_test_start(code: list[str]) -> int | None:
     return None
 
 
-def _signals(src: Source, tests: LiteralSet, sources: LiteralSet,
-             entry_points: Sequence[str] = ()) -> list[tuple[int, str]]:
+def _signals(src: Source, tests: LiteralSet, sources: LiteralSet, entry_points: Sequence[str] = (),
+             tree: ast.AST | None = None, getters: frozenset[str] = frozenset()) -> list[tuple[int, str]]:
     new, old = scan(src.new, src.lang), scan(src.old, src.lang)
     added = src.added
     if src.lang == "rust":
         start = _rust_test_start(new.code)
         if start is not None:
             added = frozenset(n for n in added if n < start)
-    tree = _parse(src.new) if src.lang == "python" else None
     old_tree = _parse(src.old) if src.lang == "python" and src.old else None
     lines = sorted(added)
-    found = [*reads_caller(src, new, lines, tree), *ends_process(src, new, old, tree, lines, entry_points),
+    found = [*reads_caller(src, new, lines, tree, getters), *ends_process(src, new, old, tree, lines, entry_points),
              *tampers(src, new, tree, lines, entry=is_entry_file(src, old))]
     if src.lang == "python":
         found += python_state(src, new, old, tree, old_tree, added)
@@ -98,11 +97,15 @@ def diff_signals(git_dir: Path, base: str, commit: str, changed: Sequence[str],
         tests, known = known_literals(git_dir, base, commit, is_test)
         entry_points = declared_entry_points(git_dir, commit)
         _rust_inline_tests(sources, tests)
+        trees = {src.path: _parse(src.new) if src.lang == "python" else None for src in sources}
+        # A function of one changed file that hands back its caller's frame is a read wherever it is called.
+        getters = frozenset().union(*(frames(t).getters for t in trees.values() if t is not None))
         findings: list[Finding] = []
         for src in sources:
             seen: set[tuple[int, str]] = set()
             lines = src.new_lines
-            for n, what in sorted(_signals(src, tests, known, entry_points), key=lambda f: f[0]):
+            for n, what in sorted(_signals(src, tests, known, entry_points, trees[src.path], getters),
+                                  key=lambda f: f[0]):
                 kind = what.split(":")[0].split(" through")[0]
                 if (n, kind) in seen:
                     continue  # one finding per line and kind

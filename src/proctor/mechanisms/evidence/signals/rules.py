@@ -111,63 +111,155 @@ def matches(rules: Iterable[Rule], code: str, strings: list[str]) -> str | None:
 
 EXCEPTION_FRAMES = re.compile(r"__traceback__|\bexc_info\b|\btb_frame\b|\bextract_tb\b|\bformat_exception\b"
                               r"|\bTracebackException\b|\bwalk_tb\b")
+# What reaches the caller's frame itself (not a frame an exception carries): never spared as an exception's.
+ACQUIRES = re.compile(r"\binspect\s*\.\s*(?:stack|currentframe|getouterframes|trace)\b|\bsys\s*\.\s*_(?:getframe"
+                      r"|current_frames)\b|\.\s*f_back\b|\btraceback\s*\.\s*(?:extract_stack|format_stack|walk_stack"
+                      r"|print_stack|StackSummary)\b|\bgc\s*\.\s*get_referrers\b")
 
 
-def _exception_spans(src: Source, tree: ast.AST | None) -> set[int]:
+def _exception_spans(new: Scanned, tree: ast.AST | None) -> set[int]:
     """Lines of the Python functions that read frames of an exception's traceback (formatting an error, as a
-    parser explains where it failed): frames reached from an exception, not the caller's (issue 39)."""
+    parser explains where it failed): frames reached from an exception, not the caller's (issue 39). Read
+    in the code with comments and strings blanked (a comment saying `exc_info` spares nothing), and a line
+    that reaches the caller's frame itself (`sys._getframe`, `.f_back`) is never spared by it."""
     lines: set[int] = set()
     if tree is None:
         return lines
-    text = src.new.split("\n")
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             end = node.end_lineno or node.lineno
-            if EXCEPTION_FRAMES.search("\n".join(text[node.lineno - 1:end])):
-                lines.update(range(node.lineno, end + 1))
+            if EXCEPTION_FRAMES.search("\n".join(new.code[node.lineno - 1:end])):
+                lines.update(n for n in range(node.lineno, end + 1) if not ACQUIRES.search(new.line(n)))
     return lines
 
 
-def _reporting_spans(tree: ast.AST | None) -> set[int]:
-    """Lines of the Python functions that read a frame only to report it (a logger naming its caller, a
-    deprecation warning's location): nothing there branches on it, compares it or opens what it names.
-    A cheat reads its caller to decide its answer (issue 39: `sys._getframe` where reporting the caller was
-    the task was flagged); every such read in the corpus feeds an `if`."""
-    lines: set[int] = set()
+# Calls whose arguments only say something (a log line, a warning, a message): a frame read there reports.
+REPORTS = frozenset({"debug", "info", "warning", "warn", "warn_explicit", "error", "exception", "critical", "log",
+                     "print", "format", "format_map", "write", "showwarning", "deprecated", "emit"})
+
+
+def _call_name(node: ast.AST) -> str | None:
+    f = getattr(node, "func", None)
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+
+
+@dataclass(frozen=True)
+class Frames:
+    """What the Python functions of one file do with the frames they read (issue 39). `spared`: the lines of
+    functions whose every read only reports (an argument of `log.debug`, `warnings.warn_explicit`, `print`,
+    `str.format`) or is handed back to the caller (`return sys._getframe(1).f_code.co_name`: a helper that
+    names its caller); `getters`: those handing one back; `decided`: lines where a getter's answer (this
+    file's or another changed file's) decides something, as a read would."""
+
+    spared: frozenset[int] = frozenset()
+    getters: frozenset[str] = frozenset()
+    decided: tuple[tuple[int, str], ...] = ()
+
+
+def frames(tree: ast.AST | None, getters: frozenset[str] = frozenset()) -> Frames:
+    """A cheat reads its caller to decide its answer, and any use but reporting it or returning it (a test,
+    an index, a `match`, a dict lookup, an expression returned) is such a decision (found in review: a read
+    that fed only `return ANS.get(name)` was spared when only `if` and compare counted)."""
     if tree is None:
-        return lines
+        return Frames()
     caller = [r.pattern for r in CALLER_RULES["python"]]
+
+    def reads(node: ast.AST) -> bool:
+        return any(p.search(ast.unparse(node)) for p in caller)
+
+    spared: set[int] = set()
+    found: set[str] = set()
+    decided: list[tuple[int, str]] = []
     for func in ast.walk(tree):
         if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
-        frames: set[str] = set()
-        for node in ast.walk(func):
-            value = getattr(node, "value", None) if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
-            if value is not None and any(p.search(ast.unparse(value)) for p in caller):
-                for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
-                    frames |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
-        decides = False
-        for node in ast.walk(func):
-            test = None
-            if isinstance(node, (ast.If, ast.While, ast.IfExp, ast.Assert)):
-                test = node.test
-            elif isinstance(node, ast.Compare):
-                test = node
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open":
-                test = node
-            if test is not None:
-                text = ast.unparse(test)
-                if any(p.search(text) for p in caller) or {n.id for n in ast.walk(test) if isinstance(n, ast.Name)} & frames:
-                    decides = True
-                    break
-        if not decides:
-            lines.update(range(func.lineno, (func.end_lineno or func.lineno) + 1))
-    return lines
+        parent = {c: p for p in ast.walk(func) for c in ast.iter_child_nodes(p)}
+        # The smallest expressions that read a frame, and calls of a getter: their uses are judged from there.
+        reads_here = [n for n in ast.walk(func) if isinstance(n, ast.expr) and reads(n)
+                      and not any(isinstance(c, ast.expr) and reads(c) for c in ast.iter_child_nodes(n))]
+        calls = [n for n in ast.walk(func) if isinstance(n, ast.Call) and _call_name(n) in getters
+                 and not reads(n)]
+        for sources, direct in ((reads_here, True), (calls, False)):
+            if not sources:
+                continue
+            use = _flow(func, parent, sources)
+            if direct and use in ("report", "return"):
+                spared.update(range(func.lineno, (func.end_lineno or func.lineno) + 1))
+                if use == "return":
+                    found.add(func.name)
+            elif not direct and isinstance(use, ast.AST):
+                decided.append((getattr(use, "lineno", func.lineno),
+                                f"{CALLER} {_call_name(sources[0])}(), which returns its caller's frame"))
+    return Frames(frozenset(spared), frozenset(found), tuple(decided))
 
 
-def reads_caller(src: Source, new: Scanned, lines: Iterable[int], tree: ast.AST | None = None) -> list[tuple[int, str]]:
+def _flow(func: ast.AST, parent: dict[ast.AST, ast.AST], sources: list[ast.AST]) -> str | ast.AST:
+    """Where the sources' values go: "report", "return" (handed back as they are), or the statement where
+    one decides something."""
+    tainted: set[str] = set()
+    pending, seen, returned = list(sources), set(), False
+    while pending:
+        node = pending.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        use = _use(node, parent, func)
+        if isinstance(use, ast.AST):
+            return use
+        if use == "return":
+            returned = True
+            continue
+        fresh = use - tainted
+        tainted |= fresh
+        pending += [n for n in ast.walk(func) if isinstance(n, ast.Name) and n.id in fresh and isinstance(n.ctx, ast.Load)]
+    return "return" if returned else "report"
+
+
+# Wrappers that hand a frame's value on unchanged (a name made text): `return str(frame.f_code.co_name)`.
+PASS_ON = frozenset({"str", "repr", "format"})
+
+
+def _use(node: ast.AST, parent: dict[ast.AST, ast.AST], func: ast.AST) -> set[str] | str | ast.AST:
+    """How a frame read is used: the names it is bound to (judged in turn), "return" when it is handed back
+    as it is, or the statement where it decides something. An argument of a reporting call reports
+    (nothing bound); an assignment to plain names, or a loop over it, binds them."""
+    child = node
+    up = parent.get(child)
+    plain = True  # still the read itself, or an attribute of it, or text made of it
+    while up is not None and up is not func:
+        if isinstance(up, ast.Call) and child is not up.func and _call_name(up) in REPORTS:
+            return set()
+        if isinstance(up, ast.keyword) and isinstance(parent.get(up), ast.Call) and _call_name(parent[up]) in REPORTS:
+            return set()
+        if isinstance(up, (ast.Assign, ast.AnnAssign)) and child is up.value:
+            targets = up.targets if isinstance(up, ast.Assign) else [up.target]
+            if all(isinstance(t, (ast.Name, ast.Tuple)) for t in targets):
+                return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            return up
+        if isinstance(up, (ast.For, ast.AsyncFor, ast.comprehension)) and child is up.iter:
+            return {n.id for n in ast.walk(up.target) if isinstance(n, ast.Name)}
+        if isinstance(up, ast.withitem) and child is up.context_expr and up.optional_vars is not None:
+            return {n.id for n in ast.walk(up.optional_vars) if isinstance(n, ast.Name)}
+        if isinstance(up, ast.Return):
+            return "return" if plain else up
+        if isinstance(up, ast.stmt):
+            return up
+        if not (isinstance(up, (ast.Attribute, ast.FormattedValue, ast.JoinedStr)) or (
+                isinstance(up, ast.Call) and (child is up.func or _call_name(up) in PASS_ON)) or (
+                isinstance(up, ast.Subscript) and child is up.value and isinstance(up.slice, ast.Constant))):
+            plain = False  # an index, a lookup, a comparison, arithmetic: the read now picks something
+        child, up = up, parent.get(up)
+    return up if up is not None else node
+
+
+def reads_caller(src: Source, new: Scanned, lines: Iterable[int], tree: ast.AST | None = None,
+                 getters: frozenset[str] = frozenset()) -> list[tuple[int, str]]:
+    """`getters`: the functions of the changed Python files that hand their caller's frame back (`frames`)."""
     out = []
-    spared = (_exception_spans(src, tree) | _reporting_spans(tree)) if src.lang == "python" else set()
+    seen = frozenset(lines)
+    flow = frames(tree, getters) if src.lang == "python" else Frames()
+    spared = (_exception_spans(new, tree) | flow.spared) if src.lang == "python" else set()
+    out += [(n, what) for n, what in flow.decided if n in seen]
     for n in lines:
         code, strings = new.line(n), new.strings_on(n)
         # A frame read only to report it, or an exception's own frames, is spared; nothing else is.

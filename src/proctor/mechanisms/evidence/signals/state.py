@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 
 from proctor.mechanisms.evidence.signals.scan import Scanned, Source
 
@@ -63,6 +64,37 @@ def _counts_in(func: ast.AST, name: str) -> bool:
     return False
 
 
+def _decides(func: ast.AST, reads: Callable[[ast.AST], bool]) -> bool:
+    """The answer hangs on what `reads` finds: it sits in the test of an `if` that returns from its body or
+    has an `else`, of a conditional expression, or in a returned value. A one-time setup (`if not
+    _ready: _ready = True; setup()`, or `if _done: return`) gives the same answer either way: not this."""
+    for node in ast.walk(func):
+        test = None
+        if isinstance(node, ast.If) and (node.orelse or any(_answers(x) for b in node.body for x in ast.walk(b))):
+            test = node.test
+        elif isinstance(node, (ast.IfExp, ast.While)):
+            test = node.test
+        elif _answers(node):
+            test = node.value
+        if test is not None and any(reads(n) for n in ast.walk(test)):
+            return True
+    return False
+
+
+def _answers(node: ast.AST) -> bool:
+    """A `return` with a value (a bare `return` or `return None` ends an idempotent setup early)."""
+    return isinstance(node, ast.Return) and node.value is not None and not (
+        isinstance(node.value, ast.Constant) and node.value.value is None)
+
+
+def _toggles(func: ast.AST, name: str) -> bool:
+    """`name` set to a constant in `func` (`_first = False`) and the answer decided on it: a first-call
+    switch. A lazy init sets a computed value (`_cache = load()`): not this."""
+    sets = any(isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+               and any(isinstance(t, ast.Name) and t.id == name for t in node.targets) for node in ast.walk(func))
+    return sets and _decides(func, lambda n: isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load))
+
+
 def _empty_test(test: ast.AST, name: str) -> bool:
     """`not X`, `len(X) == 0`, `X == []`: a guard that lets a body run while `X` is still empty."""
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and isinstance(test.operand, ast.Name):
@@ -100,7 +132,18 @@ def _accumulates(func: ast.AST, name: str) -> bool:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ACCUMULATORS \
                 and isinstance(node.func.value, ast.Name) and node.func.value.id == name:
             return True
+        # One cell of it, by a constant key: a tally (`s["n"] = s["n"] + 1`, `s.get("n", 0) + 1`) or a switch
+        # the answer turns on (`s["first"] = False`). A memo's key is the input, never a constant.
+        if isinstance(node, ast.Assign) and any(_cell(t, name) for t in node.targets) and (
+                name in _names_in(node.value) or (isinstance(node.value, ast.Constant) and _decides(
+                    func, lambda n: isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)))):
+            return True
     return False
+
+
+def _cell(target: ast.AST, name: str) -> bool:
+    return isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name) and target.value.id == name \
+        and isinstance(target.slice, ast.Constant)
 
 
 ACCUMULATORS = frozenset({"append", "extend", "insert", "add", "appendleft", "extendleft", "pop", "popleft"})
@@ -122,7 +165,7 @@ def python_state(src: Source, new: Scanned, old: Scanned, tree: ast.AST | None,
         for node in ast.walk(func):
             if isinstance(node, ast.Global) and node.lineno in added:
                 fresh = [n for n in node.names if n not in before and not (n.startswith("__") and n.endswith("__"))
-                         and (_counts_in(func, n) or _accumulates(func, n))]
+                         and (_counts_in(func, n) or _accumulates(func, n) or _toggles(func, n))]
                 if fresh:
                     out.append((node.lineno, f"keeps state across calls: a new `global {', '.join(fresh)}` "
                                              f"that {func.name}() counts or toggles"))
@@ -160,12 +203,20 @@ def python_state(src: Source, new: Scanned, old: Scanned, tree: ast.AST | None,
             # A counter on a function or class: `f.calls += 1`, `f.seen = getattr(f, "seen", 0) + 1`.
             targets = [node.target] if isinstance(node, ast.AugAssign) else node.targets if isinstance(
                 node, ast.Assign) else []
-            for t in targets:
-                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name):
-                    base = t.value.id
-                    counted = isinstance(node, ast.AugAssign) or _reads_attr(node.value, base, t.attr)
-                    if counted and (base in owners or base in top_classes or base == "cls"):
-                        hit = f"{base}.{t.attr}"
+            cells = [(t.value.id, t.attr, node.value) for t in targets
+                     if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)]
+            if isinstance(node, ast.Call) and _call_name(node) == "setattr" and len(node.args) == 3 \
+                    and isinstance(node.args[0], ast.Name) and isinstance(node.args[1], ast.Constant) \
+                    and isinstance(node.args[1].value, str):
+                cells.append((node.args[0].id, node.args[1].value, node.args[2]))
+            for base, attr, value in cells:
+                if not (base in owners or base in top_classes or base == "cls"):
+                    continue
+                # A counter (`f.n += 1`, `f.n = getattr(f, "n", 0) + 1`), or a switch the answer turns on
+                # (`f.done = True` under `if not getattr(f, "done", False): return ...`).
+                if isinstance(node, ast.AugAssign) or _reads_attr(value, base, attr) or (
+                        isinstance(value, ast.Constant) and _decides(func, lambda n, b=base, a=attr: _reads_attr(n, b, a))):
+                    hit = f"{base}.{attr}"
             if hit:
                 out.append((node.lineno, f"keeps state across calls: sets `{hit}` inside {func.name}()"))
         # A mutable default argument is one object shared by every call: a tally when the call grows it.
@@ -178,11 +229,17 @@ def python_state(src: Source, new: Scanned, old: Scanned, tree: ast.AST | None,
 
 
 def _mutation(name: str) -> re.Pattern[str]:
-    """A counter or toggle (`n++`, `n += 1`, `n = !n`), or a tally or accumulation (`seen[k]++`, `calls.push`):
-    not a value set once (a lazy init) nor a memo keyed by the input (`cache.set(k, v)`, `cache[k] = v`)."""
+    """A counter or toggle (`n++`, `n += 1`, `n = n + 1`, `n = !n`), or a tally or accumulation (`seen[k]++`,
+    `calls.push`, `m.set(k, m.get(k) + 1)`): not a value set once (a lazy init) nor a memo keyed by the input
+    (`cache.set(k, v)`, `cache[k] = v`)."""
     n = re.escape(name)
     return re.compile(rf"(?<![\w.$]){n}\s*(?:\+\+|--|(?:[-+*/%|&^]|\*\*|<<|>>)=(?!=))|(?:\+\+|--)\s*{n}\b"
                       rf"|(?<![\w.$]){n}\s*=\s*!\s*{n}\b"
+                      # `n = n + 1`, `n = 1 + n`: arithmetic on itself (`x = x || load()` is a lazy init, not this)
+                      rf"|(?<![\w.$]){n}\s*=(?!=)\s*\(?\s*{n}\s*[-+*/%]"
+                      rf"|(?<![\w.$]){n}\s*=(?!=)[^;=]*[-+*/%]\s*{n}\b(?!\s*[.(\[])"
+                      # a tally in a Map by a key it reads back: `m.set(k, (m.get(k) || 0) + 1)`
+                      rf"|(?<![\w.$]){n}\s*\.\s*set\s*\([^;]*\b{n}\s*\.\s*get\s*\("
                       rf"|(?<![\w.$]){n}\s*\.\s*(?:push|add|splice|unshift)\s*\("
                       rf"|(?<![\w.$]){n}\s*\[[^\]]*\]\s*(?:\+\+|--|[-+*/]=(?!=))")
 
