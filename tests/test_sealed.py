@@ -483,3 +483,22 @@ def test_the_agent_and_setup_see_the_base_not_the_persons_files(tmp_path, layout
         assert "DENIED .env" in seen and "READ notes.local" in seen and "READ python" in seen, (layout, name, seen)
     assert res.status is Status.completed, (layout, res.known_risks, [v["output_tail"][-300:] for v in res.validation])
     assert not any("not hidden" in r for r in res.known_risks), res.known_risks
+
+
+@needs_confinement
+def test_validation_at_land_does_not_read_the_persons_files_either(tmp_path):
+    """When the target moved, land runs the job's validation again on the merged tree (the agent's code):
+    the person's `.env` is as hidden from it as from the job's own run (the same command passes both only
+    where it cannot read the file)."""
+    repo = _persons_checkout(tmp_path, "plain")
+    probe = f"sh -c 'if cat {repo}/.env; then exit 1; fi; python -c \"import calc; assert calc.add(2, 3) == 5\"'"
+    res = job(repo, tmp_path / "job", write("calc.py", HONEST), validateCommand=probe)
+    assert res.status is Status.completed, (res.known_risks, [v["output_tail"][-300:] for v in res.validation])
+    (repo / "other.txt").write_text("meanwhile\n")
+    sh("git", "add", "other.txt", cwd=repo)
+    sh("git", "-c", "user.name=t", "-c", "user.email=t@x", "commit", "-qm", "meanwhile", cwd=repo)
+    proctor = str(Path(sys.executable).with_name("proctor"))
+    # Land confined as the job ran (the suite's own config runs host tests unconfined).
+    (Path(os.environ["PROCTOR_HOME"]) / "config.toml").write_text('confine = "required"\n')
+    out = json.loads(subprocess.run([proctor, "land", res.job_id, "--json"], capture_output=True, text=True).stdout)
+    assert out.get("ok") and out["revalidation"]["passed"], out

@@ -25,10 +25,10 @@ This package never spawns the agent and never kills anything: the process runner
 from proctor.mechanisms.confine.detect import Capabilities, detect
 from proctor.mechanisms.confine.plan import CONFINE_ORDER, Confiner, LayeredConfiner, Mode, choose
 from proctor.mechanisms.confine.request import ConfinePlan, ConfineRequest, Confinement, Unavailable
-from proctor.mechanisms.confine.roots import job_roots, refuse_hard_links
+from proctor.mechanisms.confine.roots import checkout_hidden, job_roots, refuse_hard_links
 
 __all__ = [
     "CONFINE_ORDER",
     "Capabilities", "ConfinePlan", "ConfineRequest", "Confinement", "Confiner", "LayeredConfiner", "Mode",
-    "Unavailable", "choose", "detect", "job_roots", "refuse_hard_links",
+    "Unavailable", "checkout_hidden", "choose", "detect", "job_roots", "refuse_hard_links",
 ]

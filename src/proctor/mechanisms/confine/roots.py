@@ -10,6 +10,7 @@ its branch's ref directory, which let an agent rewrite master's blobs in place (
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -46,6 +47,18 @@ def job_roots(
         network=network,
         hidden=((home or proctor_home()).resolve(),),
     )
+
+
+def checkout_hidden(roots: ConfineRequest, checkout: Path, shown: Iterable[Path]) -> ConfineRequest | str:
+    """`roots` with a person's `checkout` hidden but what `shown` names inside it (read-only), or why it
+    cannot be: the roots' own writable dir lies inside it."""
+    main = checkout.resolve()
+    if roots.worktree.is_relative_to(main):
+        return (f"the person's checkout {main} holds the job's own checkout (its worktree dir is inside it): its "
+                "untracked and ignored files are not hidden from the agent and the code under test")
+    kept = tuple(dict.fromkeys(p.resolve() for p in shown if p.exists() and p.resolve().is_relative_to(main)))
+    readonly = tuple(p for p in roots.readonly if p != main) + tuple(p for p in kept if p not in roots.readonly)
+    return dataclasses.replace(roots, readonly=readonly, hidden=(*roots.hidden, main))
 
 
 def around(root: Path, targets: Sequence[Path]) -> Iterator[Path]:

@@ -149,6 +149,18 @@ def sealed_files(dirs: Sequence[str]) -> list[Path]:
     return [Path(d) / SEALED_FILE for d in dirs if (Path(d) / SEALED_FILE).is_file()]
 
 
+def put(root_fd: int, rel: str, data: bytes) -> bool:
+    """`data` as the file `rel` beneath the checkout, replacing what the tree had there (a file, a dir, a
+    link: never followed); whether it replaced something. Raises OSError."""
+    try:
+        beneath.rmtree(root_fd, rel)
+        replaced = True
+    except FileNotFoundError:
+        replaced = False
+    beneath.create_excl(root_fd, rel, data, 0o644)
+    return replaced
+
+
 def lay(checkout: Path, dirs: Sequence[str]) -> Laid | str:
     files = replaced = 0
     try:
@@ -164,13 +176,7 @@ def lay(checkout: Path, dirs: Sequence[str]) -> Laid | str:
                 src = Path(d) / rel
                 if src.stat().st_size > MAX_FILE:
                     return f"a held-out file is larger than {MAX_FILE} bytes"
-                data = src.read_bytes()
-                try:
-                    beneath.rmtree(root_fd, rel)
-                    replaced += 1
-                except FileNotFoundError:
-                    pass
-                beneath.create_excl(root_fd, rel, data, 0o644)
+                replaced += put(root_fd, rel, src.read_bytes())
     except OSError as exc:
         return f"the held-out tests could not be laid in: {beneath.why(exc)}"
     finally:

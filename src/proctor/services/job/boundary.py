@@ -53,20 +53,17 @@ def person_checkout_hidden(job: Job, wt: worktree.Worktree, roots: confine.Confi
     notes; issue 39: the agent read an ignored `.env` that `copy` did not name and committed it)."""
     if isinstance(roots, confine.Unavailable):
         return roots
-    main, common = wt.repo.path.resolve(), wt.repo.common_dir.resolve()
-    if roots.worktree.is_relative_to(main):
-        # The job's worktree dir is inside the checkout: hiding the checkout would hide the job. Said, never
-        # silent (a linked worktree or a git dir elsewhere is hidden as any checkout is: found in review).
-        gap = (f"the person's checkout {main} holds the job's worktree (its worktree dir is inside it): its "
-               "untracked and ignored files are not hidden from the agent and the code under test")
-        if gap not in job.risks:
-            job.risks.append(gap)
-        return roots
     cfg = job.settings
+    main = wt.repo.path
     copies = tuple(main / c for c in (cfg.copy if cfg is not None else ()) if (main / c).is_file())
-    shown = tuple(p.resolve() for p in (common, *copies, *visible) if p.exists() and p.resolve().is_relative_to(main))
-    readonly = tuple(p for p in roots.readonly if p != main) + tuple(p for p in shown if p not in roots.readonly)
-    return dataclasses.replace(roots, readonly=readonly, hidden=(*roots.hidden, main))
+    hidden = confine.checkout_hidden(roots, main, (wt.repo.common_dir, *copies, *visible))
+    if isinstance(hidden, str):
+        # Said, never silent (a linked worktree or a git dir elsewhere is hidden as any checkout is: found
+        # in review).
+        if hidden not in job.risks:
+            job.risks.append(hidden)
+        return roots
+    return hidden
 
 
 def shown_to_code(job: Job, wt: worktree.Worktree, env: dict[str, str]) -> tuple[Path, ...]:

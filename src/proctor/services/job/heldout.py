@@ -207,11 +207,7 @@ def _lay(checkout: Path, files: dict[str, str]) -> str | None:
         return f"cannot open the checkout: {exc}"
     try:
         for rel, text in files.items():
-            try:
-                beneath.rmtree(fd, rel)
-            except FileNotFoundError:
-                pass
-            beneath.create_excl(fd, rel, text.encode(), 0o644)
+            held.put(fd, rel, text.encode())
     except OSError as exc:
         return f"a check's file could not be laid in: {beneath.why(exc)}"
     finally:

@@ -164,6 +164,15 @@ def _run(s: Subject, config: Config, confiner: confine.Confiner, plan: validate.
     out.risks += [r for r in jenv.risks if r not in out.risks]
     readonly = (s.repo.path, s.repo.common_dir, s.job_checkout, s.git_dir.parent, *jenv.readonly)
     roots = confine.job_roots(s.checkout, tmpdir, readonly=readonly, network=False)
+    if not isinstance(roots, confine.Unavailable):
+        # The merged tree's code is the agent's: the person's untracked and ignored files are hidden from it
+        # as from the job's validation (its git dir, `copy` files and shares shown).
+        copies = tuple(s.repo.path / c for c in (cfg.copy if cfg is not None else ()))
+        hidden = confine.checkout_hidden(roots, s.repo.path, (s.repo.common_dir, *copies, *jenv.shown))
+        if isinstance(hidden, str):
+            out.risks += [hidden] if hidden not in out.risks else []
+        else:
+            roots = hidden
     if isinstance(roots, confine.Unavailable):
         out.reason = f"validation not run: {roots.reason}"
         return None
