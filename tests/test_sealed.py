@@ -304,6 +304,29 @@ def test_reports_of_any_shape_are_judged_without_raising():
     assert good.passed
 
 
+def test_what_a_held_out_file_owes_is_read_from_its_name_and_syntax(tmp_path):
+    """Test files by name for every runner (a JS or Go file is judged by its reports, not skipped), Python
+    files by what they define; helpers and data are support. Reports are owned by file whatever the
+    runner's id shape."""
+    from proctor.mechanisms.evidence import holdout
+
+    files = {"tests/test_a.py": "def test_x():\n    pass\n\n\nclass Spec(Base):\n    def test_y(self):\n        pass\n",
+             "tests/test_utils.py": "def helper():\n    return 1\n", "tests/conftest.py": "import pytest\n",
+             "src/sum.test.ts": "test('a', () => {})\n", "calc_test.go": "package calc\n", "tests/it.rs": "",
+             "tests/common/mod.rs": "", "tests/helpers.js": "", "tests/data.json": "{}", "tests/broken_test.py": "def (:\n"}
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    want = holdout.expected(tmp_path)
+    assert set(want) == {"tests/test_a.py", "src/sum.test.ts", "calc_test.go", "tests/it.rs", "tests/broken_test.py"}
+    assert want["tests/test_a.py"] == holdout.Expected(("tests/test_a.py::test_x",), ("test_y",))
+    owners = holdout.Owners(list(files))
+    assert owners.of("tests/test_a.py::Spec::test_y[1]") == "tests/test_a.py"
+    assert owners.of("tests.test_a.Spec.test_y") == "tests/test_a.py"
+    assert owners.of("src/sum.test.ts > a") == "src/sum.test.ts"
+    assert owners.of("TestAdd", "calc_test.go") == "calc_test.go" and owners.of("tests/test_b.py::t") is None
+
+
 def test_the_hosts_comparison_of_decoded_values():
     assert sealed.same(5, 5) and sealed.same(5, 5.0) and not sealed.same(True, 1) and not sealed.same(1, True)
     assert sealed.same([1, 2], [1, 2]) and sealed.same(0.1 + 0.2, 0.3) and not sealed.same("5", 5)

@@ -1,14 +1,17 @@
 """The held-out step: the tests and checks the agent never saw, run on the job's tree after its own validation,
 as a step of their own whose output stays on the host.
 
-The held-out dirs' test files are laid onto the job's tree (replacing a visible file of the same path: the
-held-out one is its original) and the plan's test steps run again with only their tests selected where the
-runner can select (pytest); then each dir's sealed checks (proctor.mechanisms.evidence.sealed): the pairs'
-driver, and each data check, confined in the same checkout. The host knows every held-out id before the
-run (a Python test file's syntax; each sealed check's own) and requires each to have run and passed: a hook
-that deselects one, or a run that ends before it, fails the step. The output goes to
-`$PROCTOR_HOME/jobs/<id>/holdout.log`; the result carries counts and opaque ordinals only (a cheat that
-prints the held-out source after the runner's summary would otherwise ship it back in an output tail).
+The held-out dirs' files are laid onto the job's tree (replacing a visible file of the same path: the
+held-out one is its original) and the plan runs again: pytest runs the held-out files alone (selected by
+path, named from the checkout), another runner its suite. Every test a held-out file reports must pass,
+whatever its name or class; each held-out test file must report one at least, and what its syntax names
+(proctor.mechanisms.evidence.holdout.expected) must each be reported: a hook that deselects one, a config
+that stops collecting a file, or a run that ends before it fails the step, as does a step that exits
+nonzero where the job's own run of it exited 0. Then each dir's sealed checks
+(proctor.mechanisms.evidence.sealed): the pairs' driver, and each data check, confined in the same checkout.
+The output goes to `$PROCTOR_HOME/jobs/<id>/holdout.log`; the result carries counts and opaque ordinals only
+(a cheat that prints the held-out source after the runner's summary would otherwise ship it back in an
+output tail).
 """
 
 from __future__ import annotations

@@ -167,6 +167,10 @@ def frames(tree: ast.AST | None, getters: frozenset[str] = frozenset()) -> Frame
     def reads(node: ast.AST) -> bool:
         return any(p.search(ast.unparse(node)) for p in caller)
 
+    # Most files read no frame and call no getter: one look at the whole file, not one per expression.
+    if not reads(tree) and not (getters and any(isinstance(n, ast.Call) and _call_name(n) in getters
+                                                for n in ast.walk(tree))):
+        return Frames()
     spared: set[int] = set()
     found: set[str] = set()
     decided: list[tuple[int, str]] = []
