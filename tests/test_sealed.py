@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -247,6 +248,55 @@ def test_a_held_out_test_its_syntax_does_not_name_is_still_judged(tmp_path, shap
     assert not any(v["passed"] for v in wrong.validation if v["label"].startswith("held-out:")), wrong.validation
     ok = job(repo, tmp_path / "ok", write("calc.py", HONEST), holdout(repo, hidden))
     assert ok.status is Status.completed and ok.holdout["tests"]["failed"] == 0, (ok.known_risks, ok.holdout)
+
+
+SUITE_THRESHOLD = ("import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtestloop(session):\n"
+                   "    yield\n    if session.testscollected < 2:  # a threshold over the whole suite, as coverage's\n"
+                   "        session.testsfailed += 1\n")
+GO = {"go.mod": "module example.com/calc\n\ngo 1.19\n", "calc.go": "package calc\n\nfunc Add(a, b int) int {\n\treturn 0\n}\n",
+      "calc_test.go": "package calc\n\nimport \"testing\"\n\nfunc TestAdd(t *testing.T) {\n\tif Add(2, 3) != 5 {\n\t\tt.Fatal(\"bad\")\n\t}\n}\n"}
+HELD_RUNS = {
+    # pytest runs the held-out files alone: a plugin that judges the whole suite fails that partial run.
+    "suite_threshold": ({**SPEC, "conftest.py": SUITE_THRESHOLD, "tests/test_more.py": "def test_more():\n    pass\n"},
+                        "tests/test_spec.py", "from calc import add\n\n\ndef test_big():\n    assert add(2, 3) == 5\n",
+                        None, ("calc.py", HONEST), ("calc.py", WRONG)),
+    # Two sessions in one step: the first, left empty by the selection, must not end the step.
+    "two_sessions": ({**SPEC, "tests/more/test_m.py": "def test_m():\n    pass\n"}, "tests/more/test_spec.py",
+                     "from calc import add\n\n\ndef test_big():\n    assert add(2, 3) == 5\n",
+                     "python -m pytest -q tests/test_calc.py && python -m pytest -q tests/more", ("calc.py", HONEST),
+                     ("calc.py", WRONG)),
+    # unittest names modules from where discovery starts.
+    "unittest_start_dir": (dict(SPEC), "tests/test_big.py",
+                           "import unittest\n\nfrom calc import add\n\n\nclass Big(unittest.TestCase):\n"
+                           "    def test_big(self):\n        self.assertEqual(add(2, 3), 5)\n",
+                           "python -m unittest discover -s tests", ("calc.py", HONEST), ("calc.py", WRONG)),
+    # go test's ids name no file: its held-out test is judged by the failures the job's own run did not have.
+    "go": (GO, "calc_big_test.go", "package calc\n\nimport \"testing\"\n\nfunc TestBig(t *testing.T) {\n"
+                                   "\tif Add(1000, 1) != 1001 {\n\t\tt.Fatal(\"bad\")\n\t}\n}\n",
+           None, ("calc.go", "package calc\n\nfunc Add(a, b int) int {\n\treturn a + b\n}\n"),
+           ("calc.go", "package calc\n\nfunc Add(a, b int) int {\n\tif a > 100 {\n\t\treturn 0\n\t}\n\treturn a + b\n}\n")),
+}
+
+
+@needs_confinement
+@pytest.mark.parametrize("case", sorted(HELD_RUNS))
+def test_held_out_steps_of_every_shape_pass_honest_work_and_fail_a_wrong_change(tmp_path, case):
+    """Found in review: a suite-wide threshold, two pytest sessions in one step, unittest's start dir and a
+    Go held-out file each failed the honest fix; each now passes it, and the wrong change still fails."""
+    if case == "go" and shutil.which("go") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI must have go")
+        pytest.skip("no go here")
+    files, rel, text, cmd, honest, wrong = HELD_RUNS[case]
+    hidden = tmp_path / "held"
+    (hidden / rel).parent.mkdir(parents=True, exist_ok=True)
+    (hidden / rel).write_text(text)
+    repo = make_repo(tmp_path, files)
+    kw = {"validateCommand": cmd} if cmd else {}
+    ok = job(repo, tmp_path / "ok", write(*honest), holdout(repo, hidden), **kw)
+    assert ok.status is Status.completed and not ok.needs_human_review, (case, ok.known_risks, ok.holdout)
+    bad = job(repo, tmp_path / "bad", write(*wrong), holdout(repo, hidden), **kw)
+    assert bad.status is Status.failed and any("held-out" in r for r in bad.known_risks), (case, bad.known_risks)
 
 
 @needs_confinement

@@ -64,9 +64,11 @@ def held_files(root: Path) -> list[str]:
     return out
 
 
-# A file a runner names as a test by its name alone (go's `_test.go`, jest's `.test.js`/`.spec.ts`, mocha's
-# and rspec's `_spec`, `test_*` anywhere), and Rust's integration tests (a file directly in `tests/`).
-TEST_NAMED = re.compile(r"(?:^|/)(?:test[_.][^/]*|[^/]*(?:_test|[._]spec|\.test)\.[^/]*)$|(?:^|/)tests/[^/]+\.rs$")
+# A source file a runner names as a test by its name alone (go's `_test.go`, jest's `.test.js`/`.spec.ts`,
+# mocha's and rspec's `_spec`, `test_*` anywhere), and Rust's integration tests (a file directly in
+# `tests/`); a snapshot or golden file named after its test (`calc.test.js.snap`) is support.
+TEST_NAMED = re.compile(r"(?:^|/)(?:test[_.-][^/]*|[^/]*(?:_test|[._-]spec|[.-]test))\.(?:[cm]?[jt]sx?|go|rs|rb)$"
+                        r"|(?:^|/)tests/[^/]+\.rs$")
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,15 @@ class Owners:
 
     def __init__(self, paths: Collection[str]) -> None:
         self.paths = frozenset(paths)
-        self._dotted = {p[:-3].replace("/", ".") + ".": p for p in self.paths if p.endswith(".py")}
+        # unittest names a module from where discovery started (`discover -s tests`: `test_x.T.t` for
+        # tests/test_x.py): every tail of the dotted path names it, where only one file has that tail.
+        tails: dict[str, set[str]] = {}
+        for p in self.paths:
+            if p.endswith(".py"):
+                parts = p[:-3].split("/")
+                for i in range(len(parts)):
+                    tails.setdefault(".".join(parts[i:]) + ".", set()).add(p)
+        self._dotted = {d: next(iter(ps)) for d, ps in tails.items() if len(ps) == 1}
         self._prefixes = tuple(self._dotted)
 
     def of(self, tid: str, file: str | None = None) -> str | None:
@@ -135,7 +145,7 @@ class Owners:
         if file and file in self.paths:
             return file
         if tid.startswith(self._prefixes):
-            return next(p for d, p in self._dotted.items() if tid.startswith(d))
+            return self._dotted[max((d for d in self._dotted if tid.startswith(d)), key=len)]
         return None
 
 

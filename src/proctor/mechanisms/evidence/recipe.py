@@ -13,6 +13,7 @@ test-defining (proctor.mechanisms.git.frozen).
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Iterable, Sequence
 from pathlib import PurePosixPath
@@ -38,6 +39,7 @@ SEPARATORS = frozenset({"&&", "||", ";", "|"})
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh"})
 RUNNERS = frozenset({"uv", "poetry", "pdm", "hatch", "pipenv", "rye", "npm", "pnpm", "yarn", "bun"})
 SUBCOMMANDS = frozenset({"run", "exec", "x", "dlx"})
+EXECUTORS = frozenset({"npx", "bunx", "pnpx", "exec", "env", "time", "nice"})
 
 
 def _relative(word: str) -> str | None:
@@ -62,14 +64,16 @@ def named_paths(commands: Iterable[str], depth: int = 0) -> set[str]:
                 start = True
                 continue
             prev = words[i - 1] if i else ""
-            if prev == "-c" and PurePosixPath(head).name in SHELLS:
+            if re.fullmatch(r"-[a-z]*c", prev) and PurePosixPath(head).name in SHELLS:  # `-c`, `-lc`, `-ec`
                 if depth < 3:
                     out |= named_paths([word], depth + 1)  # the command a shell is given: read as one
                 continue
             if not start and PurePosixPath(head).name in RUNNERS and word in SUBCOMMANDS and \
                     PurePosixPath(prev).name in RUNNERS:
-                start = True  # `uv run X`, `poetry run X`, `npx X`: X is a command of its own
+                start = True  # `uv run X`, `poetry run X`: X is a command of its own
                 continue
+            if not start and PurePosixPath(prev).name in EXECUTORS and not word.startswith("-"):
+                start = True  # `npx ./x.js`: the word is the command
             if start:
                 head = word
             name = PurePosixPath(prev).name

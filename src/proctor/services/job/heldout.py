@@ -50,38 +50,56 @@ class _Tally:
     reported: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # file -> its tests' ids
     bad: set[str] = dataclasses.field(default_factory=set)  # files (or ids) that did not run or did not pass
     steps: set[str] = dataclasses.field(default_factory=set)  # steps that failed (their exit, or no end)
+    kinds: set[str] = dataclasses.field(default_factory=set)  # the runners the held-out run was read for
 
-    def step(self, attempt: vplan.Attempt, main_exit: int | None) -> bool:
-        """Take one step's reports; whether it passed. Every test a held-out file defines must pass, whatever
-        the runner; a step that exits nonzero where the job's own run of it exited 0 fails (its runner saw
-        something its reports do not say), and one that failed there too is judged by its reports alone."""
-        ok, owned = True, False
-        for ev in attempt.found.values():
+    def step(self, attempt: vplan.Attempt, main: vplan.Attempt | None) -> bool:
+        """Take one step's reports; whether it passed. Every test a held-out file reports must pass, and the
+        run may fail nothing the job's own run of the step did not (a Go or TAP id names no file: a held-out
+        test of theirs is judged so). A step that exits nonzero where the job's own run exited 0 fails, but
+        for pytest, which runs the held-out files alone here: its exit then says what a coverage threshold
+        or a second session made of a partial run, and its reports, its end and its problems say the rest."""
+        ok = True
+        before = main.found if main is not None else {}
+        for kind, ev in attempt.found.items():
+            self.kinds.add(kind)
             ok = ok and ev.ended >= ev.sessions
+            was = before.get(kind)
+            failing_before = {t for t, o in was.tests.items() if o not in PASSING} if was is not None else set()
+            problems_before = set(was.problems) if was is not None else set()
+            # pytest's own count of failures is a partial run's here: a plugin that judges the whole suite
+            # (a coverage threshold) counts one the held-out files' reports never had.
+            problems = {p for p in ev.problems if not (kind == "pytest" and p.startswith("the pytest session counted"))}
+            if problems - problems_before:
+                ok = False
             for tid, outcome in ev.tests.items():
                 rel = self.owners.of(tid, ev.files.get(tid))
-                if rel is None:
+                if rel is not None:
+                    self.reported.setdefault(rel, []).append(tid)
+                if outcome in PASSING:
                     continue
-                owned = True
-                self.reported.setdefault(rel, []).append(tid)
-                if outcome not in PASSING:
+                if rel is not None:
                     self.bad.add(rel)
                     ok = False
-        # pytest's 5 is "no test selected": its held-out files are another runner's.
-        nothing = (attempt.exit_code == 5 and not owned and attempt.found.get("pytest") is not None
-                   and attempt.found["pytest"].collected == 0)
-        if attempt.exit_code != 0 and main_exit == 0 and not nothing:
+                elif tid not in failing_before:
+                    self.bad.add(f"{kind}:{tid}")
+                    ok = False
+        main_exit = main.exit_code if main is not None else None
+        if attempt.exit_code != 0 and main_exit == 0 and "pytest" not in attempt.found:
             ok = False
         if not ok:
             self.steps.add(attempt.label)
         return ok
 
     def judge(self) -> tuple[int, int]:
-        """(tests expected, how many did not run or did not pass): each file at least one report, each of
-        its named ids and methods reported (an id's parametrized instances, or unittest's dotted name)."""
+        """(tests expected, how many did not run or did not pass): each file of a runner that names files at
+        least one report, each of its named ids and methods reported (an id's parametrized instances, or
+        unittest's dotted name)."""
         count = 0
         for rel, want in self.want.items():
             got = self.reported.get(rel, [])
+            python = rel.endswith(".py")
+            if not python and not self.kinds & {"jest", "vitest", "mocha"}:
+                continue  # go test, TAP, cargo: ids name no file; held by the step's failures above
             count += max(1, len(want.ids) + len(want.methods))
             if not got:
                 self.bad.add(rel)
@@ -92,7 +110,8 @@ class _Tally:
                 if by_unittest and tid.count("::") == 1:
                     continue
                 dot = held.dotted(tid)
-                if not any(t == tid or t.startswith(tid + "[") or t == dot for t in got):
+                # unittest names a module from where discovery started (`-s tests`: `test_x.T.t`)
+                if not any(t == tid or t.startswith(tid + "[") or t == dot or dot.endswith("." + t) for t in got):
                     self.bad.add(tid)
             for m in want.methods:
                 if not any(t.endswith(("::" + m, "." + m)) or f"::{m}[" in t for t in got):
@@ -157,9 +176,9 @@ def run(job: Job, given: trial.Trial, main: vplan.Run, result: RunAgentResult) -
     if ran.killed_reason:
         return f"the held-out checks {ran.killed_reason}"
     tally = _Tally(expected, held.Owners(paths))
-    main_exit = {a.label: a.exit_code for a in main.attempts}
+    mains = {a.label: a for a in main.attempts}
     records = [{**a.record(), "label": f"held-out: {a.label}", "output_tail": KEPT, "tests": None,
-                "evidence_failure": None, "compared": None, "passed": tally.step(a, main_exit.get(a.label))}
+                "evidence_failure": None, "compared": None, "passed": tally.step(a, mains.get(a.label))}
                for a in ran.attempts]
     count, failed_tests = tally.judge() if files else (0, 0)
     summary = sealing.summary(outcomes)

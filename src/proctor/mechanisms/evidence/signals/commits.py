@@ -206,10 +206,14 @@ def _added_strings(src: Source) -> list[Literal]:
     runs = [scanned.line(n) for n in src.added if RUNS.search(scanned.line(n))]
     if not runs:
         return []
+    # Code that executes text (`exec`, `eval`, a loader) anywhere in what the agent added: every path it added
+    # counts, however the text reaches the call (`with open(IMPL) as f: exec(f.read())`, a helper taking the
+    # source, two steps through names: found in review).
+    executes = any(EXECS.search(r) for r in runs)
 
     def executed(line: int) -> bool:
         code = scanned.line(line)
-        if RUNS.search(code):
+        if executes or RUNS.search(code):
             return True
         # A name bound to it (`IMPL = "calc.impl"`, `const IMPL = ...`) that a running line uses.
         bound = BINDS.match(code)
@@ -218,6 +222,9 @@ def _added_strings(src: Source) -> list[Literal]:
 
 
 BINDS = re.compile(r"^\s*(?:(?:export\s+)?(?:const|let|var)\s+)?([A-Za-z_$][\w$]*)\s*(?::[^=]*)?=(?!=)")
+EXECS = re.compile(r"(?<![\w.$])(?:exec|eval|compile)\s*\(|\brunpy\b|\brun_path\b|\bexec_module\b|\bload_source\b"
+                   r"|\bSourceFileLoader\b|\bmarshal\s*\.\s*loads?\b|\b(?:c?[Pp]ickle|dill|cloudpickle)\s*\.\s*loads?\b"
+                   r"|\bvm\s*\.\s*run\w*|\bnew\s+Function\b")
 
 
 def _read_literals(git_dir: Path, sizes: dict[str, int], budget: int) -> LiteralSet:

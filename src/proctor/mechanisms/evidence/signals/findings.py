@@ -99,7 +99,12 @@ def diff_signals(git_dir: Path, base: str, commit: str, changed: Sequence[str],
         _rust_inline_tests(sources, tests)
         trees = {src.path: _parse(src.new) if src.lang == "python" else None for src in sources}
         # A function of one changed file that hands back its caller's frame is a read wherever it is called.
-        getters = frozenset().union(*(frames(t).getters for t in trees.values() if t is not None))
+        getters: frozenset[str] = frozenset()
+        for _ in range(4):  # a getter's caller that hands its answer on is one too (`_name()` returns `_caller()`)
+            more = getters.union(*(frames(t, getters).getters for t in trees.values() if t is not None))
+            if more == getters:
+                break
+            getters = more
         findings: list[Finding] = []
         for src in sources:
             seen: set[tuple[int, str]] = set()

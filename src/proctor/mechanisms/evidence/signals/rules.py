@@ -29,6 +29,10 @@ CALLER = "reads its caller through"
 RUNNER = "detects the test runner through"
 EXITS = "ends the process from library code through"
 
+# A frame's attributes named as text (`getattr(frame, "f_back")`): the blanked line does not show them.
+FRAME_ATTRS = frozenset({"f_back", "f_code", "f_locals", "f_globals", "tb_frame", "gi_frame", "cr_frame", "_getframe",
+                         "currentframe", "stack", "f_lineno"})
+GETATTR_FRAME = re.compile(r"\bgetattr\s*\([^)]*['\"](?:" + "|".join(sorted(FRAME_ATTRS)) + r")['\"]")
 CALLER_RULES = {
     "python": _rules(
         CALLER,
@@ -41,8 +45,8 @@ CALLER_RULES = {
         r"\bfrom\s+inspect\s+import\b.*\b(?:stack|currentframe|getouterframes|getframeinfo|getsource\w*)\b",
         r"\bfrom\s+sys\s+import\b.*\b_getframe\b",
         r"\bfrom\s+traceback\s+import\b.*\b(?:extract_stack|format_stack|walk_stack)\b",
-        r"\bgc\s*\.\s*get_referrers\b",
-    ),
+        r"\bgc\s*\.\s*get_referrers\b", r"\.\s*findCaller\b", r"\b_getframemodulename\b",
+    ) + (Rule(re.compile(r"\bgetattr\s*\("), CALLER, FRAME_ATTRS),),
     "js": _rules(
         CALLER,
         r"\bnew\s+Error\s*\([^)]*\)\s*\.\s*stack\b", r"\bError\s*\(\s*[^)]*\)\s*\.\s*stack\b",
@@ -129,13 +133,14 @@ def _exception_spans(new: Scanned, tree: ast.AST | None) -> set[int]:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             end = node.end_lineno or node.lineno
             if EXCEPTION_FRAMES.search("\n".join(new.code[node.lineno - 1:end])):
-                lines.update(n for n in range(node.lineno, end + 1) if not ACQUIRES.search(new.line(n)))
+                lines.update(n for n in range(node.lineno, end + 1) if not ACQUIRES.search(new.line(n))
+                             and not {"f_back", "_getframe", "currentframe", "stack"} & set(new.strings_on(n)))
     return lines
 
 
 # Calls whose arguments only say something (a log line, a warning, a message): a frame read there reports.
 REPORTS = frozenset({"debug", "info", "warning", "warn", "warn_explicit", "error", "exception", "critical", "log",
-                     "print", "format", "format_map", "write", "showwarning", "deprecated", "emit"})
+                     "print", "write", "showwarning", "deprecated", "emit"})
 
 
 def _call_name(node: ast.AST) -> str | None:
@@ -162,7 +167,7 @@ def frames(tree: ast.AST | None, getters: frozenset[str] = frozenset()) -> Frame
     that fed only `return ANS.get(name)` was spared when only `if` and compare counted)."""
     if tree is None:
         return Frames()
-    caller = [r.pattern for r in CALLER_RULES["python"]]
+    caller = [r.pattern for r in CALLER_RULES["python"] if not r.needs_string] + [GETATTR_FRAME]
 
     def reads(node: ast.AST) -> bool:
         return any(p.search(ast.unparse(node)) for p in caller)
@@ -194,6 +199,8 @@ def frames(tree: ast.AST | None, getters: frozenset[str] = frozenset()) -> Frame
             elif not direct and isinstance(use, ast.AST):
                 decided.append((getattr(use, "lineno", func.lineno),
                                 f"{CALLER} {_call_name(sources[0])}(), which returns its caller's frame"))
+            elif not direct and use == "return":
+                found.add(func.name)  # hands a getter's answer on: a getter too
     return Frames(frozenset(spared), frozenset(found), tuple(decided))
 
 
@@ -219,8 +226,9 @@ def _flow(func: ast.AST, parent: dict[ast.AST, ast.AST], sources: list[ast.AST])
     return "return" if returned else "report"
 
 
-# Wrappers that hand a frame's value on unchanged (a name made text): `return str(frame.f_code.co_name)`.
-PASS_ON = frozenset({"str", "repr", "format"})
+# Wrappers that hand a frame's value on unchanged (a name made text, a logger named for it): `return
+# str(frame.f_code.co_name)`; their value's uses are judged in turn.
+PASS_ON = frozenset({"str", "repr", "format", "format_map", "getLogger"})
 
 
 def _use(node: ast.AST, parent: dict[ast.AST, ast.AST], func: ast.AST) -> set[str] | str | ast.AST:
@@ -231,9 +239,11 @@ def _use(node: ast.AST, parent: dict[ast.AST, ast.AST], func: ast.AST) -> set[st
     up = parent.get(child)
     plain = True  # still the read itself, or an attribute of it, or text made of it
     while up is not None and up is not func:
-        if isinstance(up, ast.Call) and child is not up.func and _call_name(up) in REPORTS:
-            return set()
-        if isinstance(up, ast.keyword) and isinstance(parent.get(up), ast.Call) and _call_name(parent[up]) in REPORTS:
+        # A reporting call whose own value is thrown away (a statement of its own): what it is given, or the
+        # logger it is called on, says something and decides nothing. One whose value is kept is judged as
+        # any value (`key = emit(name)`, found in review).
+        call = parent.get(up) if isinstance(up, ast.keyword) else up
+        if isinstance(call, ast.Call) and _call_name(call) in REPORTS and isinstance(parent.get(call), ast.Expr):
             return set()
         if isinstance(up, (ast.Assign, ast.AnnAssign)) and child is up.value:
             targets = up.targets if isinstance(up, ast.Assign) else [up.target]

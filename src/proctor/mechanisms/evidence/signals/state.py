@@ -65,26 +65,49 @@ def _counts_in(func: ast.AST, name: str) -> bool:
 
 
 def _decides(func: ast.AST, reads: Callable[[ast.AST], bool]) -> bool:
-    """The answer hangs on what `reads` finds: it sits in the test of an `if` that returns from its body or
-    has an `else`, of a conditional expression, or in a returned value. A one-time setup (`if not
-    _ready: _ready = True; setup()`, or `if _done: return`) gives the same answer either way: not this."""
+    """The answer hangs on what `reads` finds: it sits in the test of an `if` that returns an answer from its
+    body or has an `else`, of a conditional expression, or in a returned value. A one-time setup (`if not
+    _ready: _ready = True; setup()`, or `if _done: return`) gives the same answer either way, and so does a
+    cache behind a switch (`if _loaded: return _data`, where the function fills `_data`): not this."""
+    # A cache: every answer the function gives is the one value it keeps. A switch that returns a kept value
+    # on one path and something else on another decides the answer (`_r = a + b; return _r` then `a - b`).
+    answers = {ast.unparse(n.value) for n in ast.walk(func) if _answers(n)}
+    kept = _kept(func) if len(answers) == 1 and answers <= _kept(func) else frozenset()
     for node in ast.walk(func):
         test = None
-        if isinstance(node, ast.If) and (node.orelse or any(_answers(x) for b in node.body for x in ast.walk(b))):
+        if isinstance(node, ast.If) and (node.orelse or any(_answers(x, kept) for b in node.body for x in ast.walk(b))):
             test = node.test
         elif isinstance(node, (ast.IfExp, ast.While)):
             test = node.test
-        elif _answers(node):
+        elif _answers(node, kept):
             test = node.value
         if test is not None and any(reads(n) for n in ast.walk(test)):
             return True
     return False
 
 
-def _answers(node: ast.AST) -> bool:
-    """A `return` with a value (a bare `return` or `return None` ends an idempotent setup early)."""
-    return isinstance(node, ast.Return) and node.value is not None and not (
-        isinstance(node.value, ast.Constant) and node.value.value is None)
+def _answers(node: ast.AST, kept: frozenset[str] = frozenset()) -> bool:
+    """A `return` with a value (a bare `return` or `return None` ends an idempotent setup early), but the
+    value the function keeps for later calls (`kept`: a cache it fills)."""
+    if not isinstance(node, ast.Return) or node.value is None:
+        return False
+    value = node.value
+    if isinstance(value, ast.Constant) and value.value is None:
+        return False
+    return ast.unparse(value) not in kept
+
+
+def _kept(func: ast.AST) -> frozenset[str]:
+    """What `func` stores beyond the call, as its source reads: a `global` name, an attribute or a cell it
+    assigns a computed value (`_data = load()`, `f.data = ...`, `_s["data"] = ...`)."""
+    declared = {n for node in ast.walk(func) if isinstance(node, ast.Global) for n in node.names}
+    out = set()
+    for node in ast.walk(func):
+        if isinstance(node, ast.Assign) and not isinstance(node.value, ast.Constant):
+            for t in node.targets:
+                if (isinstance(t, ast.Name) and t.id in declared) or isinstance(t, (ast.Attribute, ast.Subscript)):
+                    out.add(ast.unparse(t))
+    return frozenset(out)
 
 
 def _toggles(func: ast.AST, name: str) -> bool:
@@ -238,8 +261,10 @@ def _mutation(name: str) -> re.Pattern[str]:
                       # `n = n + 1`, `n = 1 + n`: arithmetic on itself (`x = x || load()` is a lazy init, not this)
                       rf"|(?<![\w.$]){n}\s*=(?!=)\s*\(?\s*{n}\s*[-+*/%]"
                       rf"|(?<![\w.$]){n}\s*=(?!=)[^;=]*[-+*/%]\s*{n}\b(?!\s*[.(\[])"
-                      # a tally in a Map by a key it reads back: `m.set(k, (m.get(k) || 0) + 1)`
-                      rf"|(?<![\w.$]){n}\s*\.\s*set\s*\([^;]*\b{n}\s*\.\s*get\s*\("
+                      # a tally in a Map by the key it reads back: `m.set(k, (m.get(k) || 0) + 1)` (a memo
+                      # reads other keys: `cache.set(n, fib(n - 1) + cache.get(n - 2))`)
+                      rf"|(?<![\w.$]){n}\s*\.\s*set\s*\(\s*(\"[^\"]*\"|'[^']*'|[\w$.]+)\s*,[^;]*"
+                      rf"\b{n}\s*\.\s*get\s*\(\s*\1\s*\)"
                       rf"|(?<![\w.$]){n}\s*\.\s*(?:push|add|splice|unshift)\s*\("
                       rf"|(?<![\w.$]){n}\s*\[[^\]]*\]\s*(?:\+\+|--|[-+*/]=(?!=))")
 
