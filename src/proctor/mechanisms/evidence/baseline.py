@@ -32,6 +32,7 @@ from pathlib import Path, PurePosixPath
 
 from proctor.home import PrivateFileError, private_secret
 from proctor.mechanisms.evidence.readers import FAILING, PASSING, Evidence
+from proctor.mechanisms.validation.capped import read_capped
 from proctor.mechanisms.validation.shares import node_modules_dirs
 
 VERSION = 2  # the entry's shape; with the hooks' own source in every key, an older proctor's entry never matches
@@ -394,13 +395,8 @@ def declared_node(facts: Facts) -> set[str]:
 def _read_main(facts: Facts, rel: str) -> str | None:
     """A file of the base as the validated checkout has it (the checkout is the base's, read before the
     agent), capped."""
-    p = facts.checkout / rel
-    try:
-        if p.is_symlink() or not p.is_file() or p.stat().st_size > 4 * 1024 * 1024:
-            return None
-        return p.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
+    data = read_capped(facts.checkout / rel, 4 * 1024 * 1024)
+    return data.decode("utf-8", "replace") if data is not None else None
 
 
 def _relative_to(raw: str, facts: Facts) -> str | None:

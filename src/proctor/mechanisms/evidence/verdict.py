@@ -89,7 +89,7 @@ def _plain(label: str, exit_code: int | None, found: Mapping[str, Evidence], exp
     if bad:
         return Judgement(bad)
     tests, _ = _merged(found)
-    failing = sorted(t for t, o in tests.items() if o in ("failed", "error"))
+    failing = sorted(t for t, o in tests.items() if o in FAILING)
     if failing:
         return Judgement(f"{label} exited 0 but {len(failing)} test(s) failed or errored: {_names(failing)}")
     if not any(o in PASSING or o == "failed" for o in tests.values()):

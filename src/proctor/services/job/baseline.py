@@ -33,7 +33,7 @@ from proctor.mechanisms.git.command import git
 from proctor.mechanisms.validation import plan as vplan
 from proctor.mechanisms.validation.shares import node_modules_dirs
 from proctor.mechanisms.validation.venvs import python_env
-from proctor.services.job import trial
+from proctor.services.job import judge, trial
 from proctor.services.job.context import Job
 
 TOOLS = ("python", "python3", "node", "npm", "npx", "pnpm", "yarn", "bun", "go", "cargo", "rustc", "make", "cc",
@@ -138,8 +138,7 @@ def _run(job: Job, wt: worktree.Worktree, plan: vplan.Plan, env: dict[str, str],
     if run is not None and run.killed_reason:
         reason = run.killed_reason
         result.status = Status.failed
-        result.code = (Code.STOPPED if reason.startswith("stopped") else Code.RESOURCE_LIMIT
-                       if reason.startswith("resource_limit") else Code.CANCELLED)
+        result.code = judge.killed_code(reason)
         result.summary = f"the base's validation {reason}; nothing was launched"
         job.risks.append(result.summary)
         return None

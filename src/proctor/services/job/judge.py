@@ -12,6 +12,12 @@ from proctor.services.job import heldout
 from proctor.services.job.context import Job
 from proctor.services.job.record import validation_log
 
+def killed_code(reason: str) -> Code:
+    """The code of a validation run the host ended: by the stop switch, a resource limit, or a cancel."""
+    return (Code.STOPPED if reason.startswith("stopped") else Code.RESOURCE_LIMIT
+            if reason.startswith("resource_limit") else Code.CANCELLED)
+
+
 def run(job: Job, run: vplan.Run, result: RunAgentResult, suffix: str) -> bool:
     """Record one validation run; True when it ended the job's chances (killed or failed)."""
     timeout = job.config.validate_timeout
@@ -22,8 +28,7 @@ def run(job: Job, run: vplan.Run, result: RunAgentResult, suffix: str) -> bool:
     if run.killed_reason:
         result.status = Status.failed
         reason = run.killed_reason
-        result.code = (Code.STOPPED if reason.startswith("stopped") else Code.RESOURCE_LIMIT
-                       if reason.startswith("resource_limit") else Code.CANCELLED)
+        result.code = killed_code(reason)
         job.risks.append(f"validation {run.killed_reason}")
         return True
     for a in run.attempts:

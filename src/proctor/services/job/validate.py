@@ -18,7 +18,6 @@ from proctor.mechanisms.evidence.compare import Rules
 from proctor.mechanisms.evidence.readers import PASSING
 from proctor.mechanisms.evidence.verdict import judge as judge_step
 from proctor.mechanisms.git import frozen, landing, worktree
-from proctor.mechanisms.git.materialise import materialise
 from proctor.mechanisms.validation import plan as vplan
 from proctor.services.job import heldout, judge, trial
 from proctor.services.job.boundary import holdout
@@ -114,8 +113,8 @@ def _again(job: Job, given: trial.Trial, landed: landing.Landing, run: vplan.Run
     again = trial.run(job, dataclasses.replace(given, name="again", first=False, observe=False, select=select,
                                                rules=dataclasses.replace(given.rules, known=frozenset(broken))),
                       None)
-    on_base = trial.run(job, trial.Trial(given.wt, given.plan, given.env, "again-base", _base_again(job, given.wt,
-                                                                                                  landed),
+    on_base = trial.run(job, trial.Trial(given.wt, given.plan, given.env, "again-base",
+                                         trial.job_tree(job, given.wt, landed, landed.base_sha),
                                          paths=trial.tree_paths(landed), observe=True, select=select,
                                          seed=given.seed), None)
     if again is None or on_base is None or again.killed_reason or on_base.killed_reason:
@@ -163,14 +162,6 @@ def _outcomes(run: vplan.Run) -> dict[str, str]:
         for ev in a.found.values():
             out.update(ev.tests)
     return out
-
-
-def _base_again(job: Job, wt: worktree.Worktree, landed: landing.Landing) -> trial.Make:
-    """The base's tree in the work dir again (after the job's ran there), from the job's git dir."""
-    def make() -> worktree.Failure | None:
-        return (materialise(job.work, landed.git_dir, landed.base_sha, landed.index, known=landed.known)
-                or landing.scratch_git_dir(job.work, landed, wt, landed.index))
-    return make
 
 
 def _tree_with_base(job: Job, landed: landing.Landing, paths: list[str], what: str) -> str | None | worktree.Failure:
