@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
 from proctor.home import PrivateFileError, private_secret
+from proctor.mechanisms import atomic
 from proctor.mechanisms.evidence.readers import FAILING, PASSING, Evidence
 from proctor.mechanisms.validation.capped import read_capped
 from proctor.mechanisms.validation.shares import node_modules_dirs
@@ -146,17 +147,9 @@ class Cache:
             return f"the baselines' seal key in {self.root} cannot be used"
         body = baseline.to_json()
         path = self.root / f"{key}.json"
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(self._seal(key, body, secret).encode() + b"\n" + body)
-            os.replace(tmp, path)
+            atomic.write(path, self._seal(key, body, secret).encode() + b"\n" + body)
         except OSError as exc:
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
             return f"cannot write {path}: {exc.strerror}"
         return None
 

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from proctor.home import proctor_home
+from proctor.mechanisms import atomic
 from proctor.mechanisms.queue.backend import valid_job_id
 from proctor.mechanisms.queue.envelope import Sealed, envelope_digest
 
@@ -81,11 +82,11 @@ class SentStore:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         except FileExistsError:
-            self._replace(path, data)
+            atomic.write(path, data)
         except FileNotFoundError:  # the folder went away since this process made it
             _made.discard(self.root)
             self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-            self._replace(path, data)
+            atomic.write(path, data)
         else:
             try:
                 _write_all(fd, data)
@@ -95,15 +96,6 @@ class SentStore:
         if now - _last_prune.get(self.root, 0.0) >= PRUNE_EVERY_S:
             _last_prune[self.root] = now
             self.prune(now)
-
-    def _replace(self, path: Path, data: bytes) -> None:
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            _write_all(fd, data)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
 
     def get(self, job_id: str) -> SentJob | None:
         if not valid_job_id(job_id):

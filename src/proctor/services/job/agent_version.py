@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from proctor.home import proctor_home
+from proctor.mechanisms import atomic
 from proctor.mechanisms.adapters.spec import AdapterSpec
 from proctor.mechanisms.validation.capped import read_capped
 from proctor.services.job.record import unsafe_home
@@ -102,12 +103,7 @@ def _keep(kept: str, answer: str) -> None:
     entries = {k: v for k, v in _read().items() if k != kept and isinstance(v, str)}
     entries[kept] = answer
     entries = dict(list(entries.items())[-KEPT:])
-    path = _file()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(entries, fh)
-        os.replace(tmp, path)
+        atomic.write(_file(), json.dumps(entries).encode("utf-8"))
     except OSError:
         pass

@@ -35,6 +35,7 @@ from typing import Any
 
 from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status
 from proctor.home import proctor_home
+from proctor.mechanisms import atomic
 from proctor.mechanisms.confine import beneath
 from proctor.mechanisms.ledger.store import Ledger, LedgerError, LedgerFull, LedgerTampered
 from proctor.mechanisms.process.spawn import Watch
@@ -88,11 +89,7 @@ def _write(job_id: str, name: str, text: str, *, checked: bool = False) -> str |
         return f"{name} not written: {unsafe}"
     path = job_dir(job_id) / name
     try:
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
+        atomic.write(path, text.encode("utf-8"))
     except OSError as exc:
         return f"cannot write {path}: {exc}"
     return None
