@@ -25,7 +25,8 @@ BY_RUNNER = {
 }
 
 
-def _words(command: str) -> list[str]:
+def split_words(command: str) -> list[str]:
+    """A command's words as a shell splits them (comments dropped); unbalanced quotes split on spaces."""
     try:
         return shlex.split(command, comments=True)
     except ValueError:
@@ -57,7 +58,7 @@ def named_paths(commands: Iterable[str], depth: int = 0) -> set[str]:
     and subcommands (`uv run`) are not the recipe."""
     out = set()
     for command in commands:
-        words, start, head = _words(command), True, ""
+        words, start, head = split_words(command), True, ""
         for i, raw in enumerate(words):
             word = raw.rstrip(";")
             if word in SEPARATORS or not word:

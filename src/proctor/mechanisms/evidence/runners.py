@@ -17,16 +17,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
 from proctor.mechanisms.confine import beneath
+from proctor.mechanisms.evidence.recipe import SHELLS, split_words
 
 MAX_FILE = 1024 * 1024
 DEPTH = 3
 SEPARATORS = ("&&", "||", ";", "|", "&")
-SHELLS = frozenset({"sh", "bash", "dash", "zsh"})
 MANAGERS = frozenset({"npm", "pnpm", "yarn", "bun"})
 
 
@@ -44,10 +43,7 @@ def _read(checkout: Path, rel: str) -> str | None:
 
 
 def _split(command: str) -> list[list[str]]:
-    try:
-        words = shlex.split(command, comments=True)
-    except ValueError:
-        words = command.split()
+    words = split_words(command)
     out, cur = [], []
     for w in words:
         parts = re.split(r"(&&|\|\||;|\|)", w) if w not in SEPARATORS else [w]
