@@ -180,11 +180,12 @@ COMPILED = re.compile(r"\.(?:so|pyd|dll|dylib|pyc|pyo|node|wasm|jar|class|a|o)$|
 def data_files(changed: Sequence[str], sources: Sequence[Source], is_test: Callable[[str], bool]) -> list[str]:
     """Changed files the rules cannot read (no language) that a changed source names in a string it added:
     data the code under test loads or executes (`exec(open("calc.impl").read())`)."""
+    data = [p for p in changed if not language(p) and not is_test(p)]
+    if not data:
+        return []  # nothing to name: the sources are not scanned a second time (the rules scan them too)
     named = [(PurePosixPath(src.path).parent, lit.value) for src in sources for lit in _added_strings(src)]
     out = []
-    for p in changed:
-        if language(p) or is_test(p):
-            continue
+    for p in data:
         path = PurePosixPath(p)
         for where, s in named:
             # The file's name or path, or (beside the code that names it) its extension: `__file__[:-3] + '.impl'`

@@ -14,7 +14,7 @@ from pathlib import Path
 from proctor.mechanisms.evidence.signals.commits import (Unread, changed_sources, data_files, declared_entry_points,
                                                          known_literals)
 from proctor.mechanisms.evidence.signals.literals import LiteralSet, copied_literals
-from proctor.mechanisms.evidence.signals.rules import ends_process, frames, is_entry_file, reads_caller
+from proctor.mechanisms.evidence.signals.rules import Frames, ends_process, frames, is_entry_file, reads_caller
 from proctor.mechanisms.evidence.signals.scan import Source, scan
 from proctor.mechanisms.evidence.signals.state import braced_state, python_state
 from proctor.mechanisms.evidence.signals.tamper import tampers
@@ -56,7 +56,7 @@ def _rust_test_start(code: list[str]) -> int | None:
 
 
 def _signals(src: Source, tests: LiteralSet, sources: LiteralSet, entry_points: Sequence[str] = (),
-             tree: ast.AST | None = None, getters: frozenset[str] = frozenset()) -> list[tuple[int, str]]:
+             tree: ast.AST | None = None, flow: Frames | None = None) -> list[tuple[int, str]]:
     new, old = scan(src.new, src.lang), scan(src.old, src.lang)
     added = src.added
     if src.lang == "rust":
@@ -65,7 +65,7 @@ def _signals(src: Source, tests: LiteralSet, sources: LiteralSet, entry_points: 
             added = frozenset(n for n in added if n < start)
     old_tree = _parse(src.old) if src.lang == "python" and src.old else None
     lines = sorted(added)
-    found = [*reads_caller(src, new, lines, tree, getters), *ends_process(src, new, old, tree, lines, entry_points),
+    found = [*reads_caller(src, new, lines, tree, flow), *ends_process(src, new, old, tree, lines, entry_points),
              *tampers(src, new, tree, lines, entry=is_entry_file(src, old))]
     if src.lang == "python":
         found += python_state(src, new, old, tree, old_tree, added)
@@ -101,15 +101,18 @@ def diff_signals(git_dir: Path, base: str, commit: str, changed: Sequence[str],
         # A function of one changed file that hands back its caller's frame is a read wherever it is called.
         getters: frozenset[str] = frozenset()
         for _ in range(4):  # a getter's caller that hands its answer on is one too (`_name()` returns `_caller()`)
-            more = getters.union(*(frames(t, getters).getters for t in trees.values() if t is not None))
+            flows = {p: frames(t, getters) for p, t in trees.items() if t is not None}
+            more = getters.union(*(f.getters for f in flows.values()))
             if more == getters:
                 break
             getters = more
+        else:
+            flows = {p: frames(t, getters) for p, t in trees.items() if t is not None}
         findings: list[Finding] = []
         for src in sources:
             seen: set[tuple[int, str]] = set()
             lines = src.new_lines
-            for n, what in sorted(_signals(src, tests, known, entry_points, trees[src.path], getters),
+            for n, what in sorted(_signals(src, tests, known, entry_points, trees[src.path], flows.get(src.path)),
                                   key=lambda f: f[0]):
                 kind = what.split(":")[0].split(" through")[0]
                 if (n, kind) in seen:

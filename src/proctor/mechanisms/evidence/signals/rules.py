@@ -267,11 +267,12 @@ def _use(node: ast.AST, parent: dict[ast.AST, ast.AST], func: ast.AST) -> set[st
 
 
 def reads_caller(src: Source, new: Scanned, lines: Iterable[int], tree: ast.AST | None = None,
-                 getters: frozenset[str] = frozenset()) -> list[tuple[int, str]]:
-    """`getters`: the functions of the changed Python files that hand their caller's frame back (`frames`)."""
+                 flow: Frames | None = None) -> list[tuple[int, str]]:
+    """`flow`: what the file's functions do with the frames they read (`frames`, given the getters of every
+    changed Python file); read here when not given."""
     out = []
     seen = frozenset(lines)
-    flow = frames(tree, getters) if src.lang == "python" else Frames()
+    flow = (flow or frames(tree)) if src.lang == "python" else Frames()
     spared = (_exception_spans(new, tree) | flow.spared) if src.lang == "python" else set()
     out += [(n, what) for n, what in flow.decided if n in seen]
     for n in lines:
