@@ -37,7 +37,7 @@ def _strs(raw: object, key: str, origin: str) -> tuple[str, ...]:
 
 
 KEYS = ("setup", "copy", "share", "validate", "registries", "must_pass", "flaky", "require_basis")
-BASES = ("exit-code", "base-tests", "held-out", "sealed")
+RUNGS = ("exit-code", "base-tests", "held-out", "sealed")  # what a verdict rests on, weakest first (README)
 
 
 def parse_settings(table: Mapping, origin: str) -> RepoSettings:
@@ -46,8 +46,8 @@ def parse_settings(table: Mapping, origin: str) -> RepoSettings:
     if unknown:
         raise ValueError(f"{origin}: unknown keys {', '.join(unknown)} (known: {', '.join(KEYS)})")
     need = table.get("require_basis")
-    if need is not None and need not in BASES:
-        raise ValueError(f"{origin}: require_basis must be one of {', '.join(BASES)}")
+    if need is not None and need not in RUNGS:
+        raise ValueError(f"{origin}: require_basis must be one of {', '.join(RUNGS)}")
     val = table.get("validate")
     if val is not None and (not isinstance(val, str) or not val.strip()):
         raise ValueError(f"{origin}: validate must be a non-empty string")

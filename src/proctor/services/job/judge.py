@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 from proctor.contract import Code, RunAgentResult, Status
+from proctor.mechanisms.config.settings import RUNGS
 from proctor.mechanisms.validation import plan as vplan
 from proctor.services.job import heldout
 from proctor.services.job.context import Job
@@ -44,9 +45,6 @@ def run(job: Job, run: vplan.Run, result: RunAgentResult, suffix: str) -> bool:
     result.status, result.code = Status.failed, Code.VALIDATION_FAILED
     job.risks.append(f"validation failed: {first.line(timeout)}{why}")
     return True
-
-
-RUNGS = ("exit-code", "base-tests", "held-out", "sealed")  # weakest first (README "What the verdict rests on")
 
 
 def basis(job: Job, result: RunAgentResult) -> None:
