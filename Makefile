@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test system-deps agent-clis bench clean
+.PHONY: demo test test-latest-clis system-deps agent-clis bench clean
 
 # pip's own lines are shown (Collecting / Downloading, a package a line): a silent minute read as a hang
 # (issue 24).
@@ -34,6 +34,16 @@ PYTEST_N ?= auto
 test: $(STAMP) system-deps agent-clis
 	$(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_N) --dist loadgroup -m "not serial" --durations=25
 	$(PY) -m pytest -q -p no:cacheprovider -m serial
+
+# On demand, never in CI: the real-CLI tests against the registry's newest release of each CLI, in a cache of
+# their own. A failure names what changed; a pass, with the new version added to the adapter's `tested`
+# (test_the_installed_cli_is_a_tested_version says which), is a version proctor was tested with.
+LATEST_CLIS ?= $(HOME)/.cache/proctor/agent-clis-latest
+
+test-latest-clis: $(STAMP) system-deps
+	PROCTOR_CLI_CACHE=$(LATEST_CLIS) bash scripts/install-agent-clis.sh --latest
+	PROCTOR_CLI_CACHE=$(LATEST_CLIS) PROCTOR_CLI_LATEST=1 CI=true $(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_N) \
+		--dist loadgroup -m realcli
 
 bench: $(STAMP)
 	for b in bench/*.py; do $(PY) $$b || exit 1; done

@@ -5,6 +5,8 @@
 #
 #   scripts/install-agent-clis.sh            # prints the bin dir (and only that) on stdout
 #   BIN=$(scripts/install-agent-clis.sh)     # report goes to stderr
+#   scripts/install-agent-clis.sh --latest   # the registry's newest of each instead, in a cache of its own
+#                                            # (default ~/.cache/proctor/agent-clis-latest): `make test-latest-clis`
 #
 # Layout of ${PROCTOR_CLI_CACHE:-$HOME/.cache/proctor/agent-clis}:
 #   pkgs/<name>/          one npm prefix per CLI, so one failed install never touches the others
@@ -14,18 +16,30 @@
 # Idempotent: a CLI whose stamp names the pinned version and whose executable exists is skipped. A failed
 # install is reported and the others go on; the exit status is 0 when at least one CLI is installed, 1 when
 # none is (or node/npm is missing), so a registry outage on a cold machine is not silently "all skipped".
-# opencode is not installed at all: its npm install fails on this kind of machine (postinstall enoent).
 set -uo pipefail
 
-DIR="${PROCTOR_CLI_CACHE:-$HOME/.cache/proctor/agent-clis}"
+LATEST=0
+case "${1:-}" in
+  --latest) LATEST=1 ;;
+  "") ;;
+  *) printf 'usage: %s [--latest]\n' "$0" >&2; exit 2 ;;
+esac
+if [ "$LATEST" = 1 ]; then
+  DIR="${PROCTOR_CLI_CACHE:-$HOME/.cache/proctor/agent-clis-latest}"
+else
+  DIR="${PROCTOR_CLI_CACHE:-$HOME/.cache/proctor/agent-clis}"
+fi
 NPM_TIMEOUT="${PROCTOR_CLI_NPM_TIMEOUT:-900}"
 
-# name|package|version (the version npm resolves; codex-cli 0.171.0 is @openai/codex@0.171.0)
+# name|package|version (the version npm resolves; codex-cli 0.171.0 is @openai/codex@0.171.0). Each pinned
+# version is in its adapter's `tested` list (builtin.toml), as the CLI's --version names it; a test holds
+# the two together.
 PINS=(
   "codex|@openai/codex|0.171.0"
-  "claude|@anthropic-ai/claude-code|2.1.197"
+  "claude|@anthropic-ai/claude-code|2.1.332"
   "gemini|@google/gemini-cli|0.61.0"
   "grok|@vibe-kit/grok-cli|0.0.34"
+  "opencode|opencode-ai|1.18.33"
 )
 
 log() { printf '%s\n' "$*" >&2; }
@@ -58,6 +72,13 @@ installed_version() {  # the version npm actually put in the prefix, or nothing
 ok=() failed=() reused=()
 for pin in "${PINS[@]}"; do
   IFS='|' read -r name pkg version <<<"$pin"
+  if [ "$LATEST" = 1 ]; then
+    version=$(timeout 120 npm view "$pkg" version 2>/dev/null | tail -n 1)
+    if [ -z "$version" ]; then
+      failed+=("$name"); log "install-agent-clis: $name: the registry did not say $pkg's latest version"
+      continue
+    fi
+  fi
   prefix="$DIR/pkgs/$name"
   want="$pkg@$version"
   exe="$prefix/node_modules/.bin/$name"
@@ -92,6 +113,6 @@ for pin in "${PINS[@]}"; do
 done
 
 log "install-agent-clis: installed: ${ok[*]:-none} (reused from cache: ${reused[*]:-none});" \
-    "failed: ${failed[*]:-none}; not attempted: opencode"
+    "failed: ${failed[*]:-none}"
 printf '%s\n' "$DIR/bin"
 [ "${#ok[@]}" -gt 0 ]

@@ -550,3 +550,71 @@ class McpScriptedModel(ScriptedModel):
             entry.reply = "side"
             block = {"type": "text", "text": SIDE_TEXT}
         return 200, "text/event-stream", _anthropic_stream(block, model)
+
+
+# --- a script mode for claude's sub-agents: the main agent starts one, which makes the calls ----------------
+
+SUB_MARK = "[scripted sub-agent]"
+
+
+class SubagentScriptedModel(ScriptedModel):
+    """Claude's sub-agents (Anthropic Messages only): the main conversation calls the sub-agent tool
+    (`Agent`, or `Task` where that is its name; `Workflow` with a script of one agent() in WorkflowScripted)
+    with a prompt carrying SUB_MARK; the sub-agent's own
+    conversation (its first user message carries the mark) calls `Bash` with `bash_command`, then `Write`s
+    the action's file, then answers; the main one, given the sub-agent's result, gives the final answer.
+    `sub_calls`: the sub-agent's call ids and their tools, in order."""
+
+    via = "Agent"  # or "Workflow": a workflow script whose one agent() is the sub-agent
+
+    def __init__(self, directory: Path, action: WriteFile = WriteFile(), *, bash_command: str = "echo sub > bash.txt",
+                 **kw: Any) -> None:
+        super().__init__(directory, action, **kw)
+        self.bash_command = bash_command
+        self.sub_calls: dict[str, str] = {}  # the sub-agent's call ids -> tool, in order
+        self.started: str | None = None
+
+    def _block(self, name: str, tool_input: dict, entry: Logged, sub: bool) -> dict:
+        cid = self._new_call_id("toolu_")
+        if sub:
+            self.sub_calls[cid] = name
+        entry.reply, entry.tool_call = "tool_call", {"name": name, "input": tool_input}
+        return {"type": "tool_use", "id": cid, "name": name, "input": tool_input}
+
+    def _anthropic(self, body: dict, path: str, entry: Logged) -> tuple[int, str, bytes]:
+        messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+        tools = {t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)}
+        first = next((m for m in messages if isinstance(m, dict) and m.get("role") == "user"), {})
+        results = tool_results(body, self.call_ids)
+        if results:
+            entry.tool_result = _text_of(results[-1].get("content"))
+        model = body.get("model", "claude-scripted")
+        if SUB_MARK in _text_of(first.get("content")):
+            done = {self.sub_calls[r["tool_use_id"]] for r in results if r.get("tool_use_id") in self.sub_calls}
+            cwd = _cwd(_text_of(body.get("system")) + "\n" + _text_of(messages)) or "."
+            if "Bash" not in done and "Bash" in tools:
+                block = self._block("Bash", {"command": self.bash_command, "description": "scripted"}, entry, True)
+            elif "Write" not in done and "Write" in tools:
+                block = self._block("Write", {"file_path": f"{cwd.rstrip('/')}/{self.action.name}",
+                                              "content": self.action.content}, entry, True)
+            else:
+                entry.reply, block = "sub_final", {"type": "text", "text": "sub-agent done"}
+        elif self.started is not None and any(r.get("tool_use_id") == self.started for r in results):
+            entry.reply, block = "final", {"type": "text", "text": self.final_text}
+        elif self.started is None and self.via == "Workflow" and "Workflow" in tools:
+            script = ("export const meta = { name: 'scripted', description: 'write the file' }\n"
+                      f"await agent({json.dumps(f'{SUB_MARK} Create {self.action.name}.')})\nreturn {{}}\n")
+            block = self._block("Workflow", {"script": script}, entry, False)
+            self.started = block["id"]
+        elif self.started is None and self.via == "Agent" and tools & {"Agent", "Task"}:
+            name = "Agent" if "Agent" in tools else "Task"
+            block = self._block(name, {"description": "write the file", "subagent_type": "general-purpose",
+                                       "prompt": f"{SUB_MARK} Create {self.action.name}."}, entry, False)
+            self.started = block["id"]
+        else:
+            entry.reply, block = "side", {"type": "text", "text": SIDE_TEXT}
+        return 200, "text/event-stream", _anthropic_stream(block, model)
+
+
+class WorkflowScriptedModel(SubagentScriptedModel):
+    via = "Workflow"

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from modelserver import SubagentScriptedModel, WorkflowScriptedModel
 from test_real_cli_jobs import ACTION, run_job
 
 from proctor.mechanisms.gatekeeper.hook import HOOK_CLIENT
@@ -128,3 +129,53 @@ def test_claudes_fail_open_hook_paths_are_denies_under_the_jobs_install_args(tmp
 def test_control_the_same_crashing_hook_under_accept_edits_lets_the_tool_run(tmp_path):
     work, results = drive_claude(tmp_path, "exit 1", install=None)
     assert (work / ACTION.name).exists() and any("File created successfully" in r for r in results), results
+
+
+# -- sub-agents and the tools a newer claude has -------------------------------------------------------------
+
+def _shell_declaration(tmp_path: Path) -> str:
+    """Agent, Workflow and Write declared, with `shell` allowed (Workflow is `shell`), Bash not declared."""
+    path = tmp_path / "decl.json"
+    path.write_text(json.dumps({"goal": "write hello.txt", "tools": [
+        {"name": "Agent", "effect": "none"}, {"name": "Workflow", "effect": "shell"}, {"name": "Write", "effect": "write"}],
+        "permissions": {"workspace": "/ignored", "read_files": True, "write_files": True, "shell": True}}))
+    return str(path)
+
+
+@pytest.mark.realcli
+@pytest.mark.parametrize("model_type", [SubagentScriptedModel, WorkflowScriptedModel], ids=["Agent", "Workflow"])
+def test_a_sub_agents_calls_are_decided_and_counted_not_called_forged(tmp_path, model_type):
+    """The main agent starts a sub-agent (by Agent, or by a Workflow script), whose own Bash (undeclared:
+    refused) and Write (granted) pass the hook. claude's stream shows an Agent's calls and never a
+    Workflow's; the sub-agents' transcripts show both, so every call is a decision like any other: counted,
+    none forged, no bypass, and the granted Write is the change."""
+    job = run_job("claude", tmp_path, extra=("--task-decl", _shell_declaration(tmp_path)), model_type=model_type)
+    r, why = job.result, job.explain()
+    subs = set(job.model.sub_calls)
+    calls = [(c["tool"], c["verdict"], c["code"]) for c in gate_rows(job) if c["kind"] == "gate.call"]
+    assert calls == [(model_type.via, "run", "OK"), ("Bash", "refused", "TOOL_UNDECLARED"), ("Write", "run", "OK")], why
+    assert len(subs) == 2 and {c["call_id"] for c in gate_rows(job) if c["kind"] == "gate.call"} >= subs
+    assert r["gate"]["forged"] == 0 and r["gate"]["calls"] == 3 and r["gate"]["refused"] == 1, r["gate"]
+    assert r["code"] == "OK" and r["changed_files"] == [ACTION.name], why
+    assert not (Path(r["worktreePath"]) / "bash.txt").exists()
+    assert not any("forged" in k or "never decided" in k for k in r["known_risks"]), r["known_risks"]
+
+
+def test_an_unlisted_tool_declared_none_is_refused(tmp_path):
+    """claude's ListAgents-like newcomers: a tool the table lacks is decided as `shell` and online whatever
+    the declaration says; with shell and network off it never runs. Control: Write, declared the same way
+    beside it, is decided by its table row and runs."""
+    from proctor.mechanisms.gatekeeper.claude import CLAUDE_TOOLS
+    from proctor.mechanisms.gatekeeper.task import measured
+    from proctor.mechanisms.policy.gate import CallVerdict, Gate
+    from proctor.mechanisms.policy.task import AgentTask
+    from proctor.mechanisms.policy.trusted import Policy
+    task = AgentTask.model_validate({"goal": "g", "tools": [{"name": "NewThing", "effect": "none"},
+                                                            {"name": "Write", "effect": "write"}],
+                                     "permissions": {"workspace": str(tmp_path), "read_files": True,
+                                                     "write_files": True, "shell": False, "network": False}})
+    gate = Gate(measured(task, CLAUDE_TOOLS), policy=Policy(), dry_run=False, stop=lambda: None)
+    new = gate.decide({"tool": "NewThing", "arguments": {}, "paths": [], "call_id": "1"})
+    write = gate.decide({"tool": "Write", "arguments": {"file_path": str(tmp_path / "a")},
+                         "paths": [str(tmp_path / "a")], "call_id": "2"})
+    assert new.verdict is CallVerdict.refused and write.verdict is CallVerdict.run, (new, write)

@@ -35,7 +35,7 @@ from proctor.mechanisms.policy.trusted import Policy
 
 PROCTOR = str(Path(sys.executable).with_name("proctor"))
 
-# Modes (words of the task): forge, forge-held, pad=<bytes>, u2028, no-pretool, no-newline.
+# Modes (words of the task): forge, forge-held, pad=<bytes>, u2028, no-pretool, no-newline, announce.
 CLI = r'''
 import json, os, subprocess, sys, time
 args = sys.argv[1:]
@@ -47,6 +47,9 @@ def hook(event, payload):
     cmd = settings[event][0]["hooks"][0]["command"]
     return subprocess.run(cmd, shell=True, input=json.dumps(payload).encode(), capture_output=True)
 hook("SessionStart", {"hook_event_name": "SessionStart"})
+if "announce" in words:  # claude's init event names every tool it has; a newer claude has some the table lacks
+    print(json.dumps({"type": "system", "subtype": "init", "tools": ["Write", "Bash", "BrandNewTool",
+                                                                    "mcp__srv__thing"]}), flush=True)
 if "forge" in words or "forge-held" in words:
     # A tool's command: a child of the CLI, which never shows its calls in the CLI's stream.
     subprocess.run([sys.executable, record + "/forger.py", settings[ "PreToolUse"][0]["hooks"][0]["command"],
@@ -198,3 +201,19 @@ def test_stream_lines_are_whole_and_bounded():
     assert s.feed(b"ab") == [] and s.feed(b"c\nde") == [b"abc"] and s.feed(b"\n\nf") == [b"de", b""]
     assert s.rest() == b"f" and not s.over
     assert s.feed(b"0123456789x") == [] and s.over and s.feed(b"\nok\n") == [b"ok"] and s.rest() == b""
+
+
+def test_a_tool_the_cli_announces_and_the_table_lacks_is_a_risk(repo, config):
+    """The init event's tools are compared with the table: a name it lacks is said on the job (decided as
+    `shell`, online); an MCP tool (a user's program, `shell` by name) and the known ones are not."""
+    res = job(repo, config, "announce")
+    assert res.status is Status.completed, res
+    said = [k for k in res.known_risks if "does not list" in k]
+    assert len(said) == 1 and "BrandNewTool" in said[0] and "mcp__" not in said[0], res.known_risks
+    assert res.gate["unlisted"] == ["BrandNewTool"] and res.needs_human_review
+
+
+def test_control_no_announcement_no_unlisted_risk(repo, config):
+    res = job(repo, config, "plain")
+    assert res.status is Status.completed and not [k for k in res.known_risks if "does not list" in k], res
+    assert "unlisted" not in res.gate

@@ -161,7 +161,10 @@ def launch(cli, repo: Path, config: Path, model, proctor_home: Path, extra: tupl
     return Job(result, done.returncode, done.stderr, seconds, model, repo, before, proctor_home)
 
 def run_job(case: str, tmp_path: Path, fail: int | None = None, extra: tuple[str, ...] = (),
-            files: dict[str, str] | None = None) -> Job:
+            files: dict[str, str] | None = None, model_type: type[ScriptedModel] = ScriptedModel,
+            overlay: str = "") -> Job:
+    """One `proctor run-agent` of the real CLI against a `model_type` model; `overlay`, more lines for the
+    agent's table in the user's config.toml."""
     cli = CLIS[case]
     name = cli.name
     need(cli)
@@ -171,7 +174,7 @@ def run_job(case: str, tmp_path: Path, fail: int | None = None, extra: tuple[str
                                 "test_main.py": "def test_main():\n    assert True\n", **(files or {})})
     home = Path(os.environ["HOME"])  # the test's own (conftest): the agent's HOME and its state dirs
     proctor_home = Path(os.environ["PROCTOR_HOME"])
-    model = ScriptedModel(tmp_path / "model", ACTION, fail=fail, log_file=tmp_path / "model.jsonl")
+    model = model_type(tmp_path / "model", ACTION, fail=fail, log_file=tmp_path / "model.jsonl")
     state = home / cli.state
     state.mkdir(parents=True, exist_ok=True)
     shutil.copy(model.ca_file, state / "scripted-model-ca.pem")
@@ -183,7 +186,7 @@ def run_job(case: str, tmp_path: Path, fail: int | None = None, extra: tuple[str
                          {cli.ca_var: f"~/{cli.state}/scripted-model-ca.pem", **cli.config_env}.items())
     config = tmp_path / "config.toml"
     config.write_text(f'confine = "required"\n\n[agents.{name}]\nbase_url = "{model.url}{cli.base_path}"\n'
-                      f'egress = ["{model.endpoint}"]\n{cli.overlay}env = {{ {env_toml} }}\n'
+                      f'egress = ["{model.endpoint}"]\n{cli.overlay}{overlay}env = {{ {env_toml} }}\n'
                       + (f'model = "{cli.model}"\n' if cli.model else ""))
     job = launch(cli, repo, config, model, proctor_home, extra)
     result, seconds = job.result, job.seconds

@@ -21,6 +21,7 @@ Skips, one reason per CLI, only when that CLI is not installed in the cache; CI 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -36,6 +37,8 @@ import psutil
 import pytest
 
 from conftest import make_repo, sh
+from proctor.mechanisms.adapters import versions
+from proctor.mechanisms.confine import detect
 from proctor.mechanisms.adapters.output import READERS
 from proctor.mechanisms.adapters.spec import AdapterSpec, Invocation, build
 from proctor.services.job.classify import Patterns, classify
@@ -54,15 +57,13 @@ SHARES_RUNS = pytest.mark.xdist_group("realcli-runs")
 CACHE = Path(os.environ.get("PROCTOR_CLI_CACHE") or Path.home() / ".cache" / "proctor" / "agent-clis")
 BIN = CACHE / "bin"
 
-# name -> (npm package, version): the versions the README measured; scripts/install-agent-clis.sh pins
-# the same. A mismatch fails test_cached_cli_is_the_measured_version: re-measure, then bump both.
-PINS = {
-    "codex": ("@openai/codex", "0.171.0"),
-    "claude": ("@anthropic-ai/claude-code", "2.1.197"),
-    "gemini": ("@google/gemini-cli", "0.61.0"),
-    "grok": ("@vibe-kit/grok-cli", "0.0.34"),
-}
-CLIS = sorted(PINS)  # opencode: its npm install fails on this kind of machine, never installed
+# name -> (npm package, version): scripts/install-agent-clis.sh's pins, read from it. A cache of the
+# registry's newest (`make test-latest-clis`, PROCTOR_CLI_LATEST=1) holds other versions on purpose: there
+# test_the_installed_cli_is_a_tested_version is the check that matters.
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "install-agent-clis.sh"
+PINS = {m[1]: (m[2], m[3]) for m in re.finditer(r'^\s*"(\w+)\|([^|"]+)\|([^|"]+)"$', SCRIPT.read_text(), re.M)}
+LATEST = os.environ.get("PROCTOR_CLI_LATEST") == "1"
+CLIS = sorted(n for n in PINS if n != "opencode")  # opencode's own tests: test_real_opencode.py
 
 DEADLINE_S = 20.0  # kill deadline for one direct run; codex never exits offline, the others take < 6 s
 DEAD_PROXY = "http://127.0.0.1:9"  # discard port: nothing listens, every request is refused at once
@@ -97,6 +98,14 @@ EXPECT = {
     "grok": Expect(re.compile(r"API key required"), (1,)),
     "codex": Expect(re.compile(r'"type":"error","message":"Reconnecting\.\.\.'), None, bogus_at=2),
 }
+
+
+def need_bwrap() -> None:
+    caps = detect()
+    if caps.bwrap is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"no bubblewrap here: {caps.bwrap_reason}")
+        pytest.skip(f"no bubblewrap here: {caps.bwrap_reason}")
 
 
 def installed(name: str) -> Path:
@@ -216,16 +225,38 @@ def transcript_events(home: Path, pattern: str) -> list[dict]:
 
 # -- the cache holds what was measured -------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", CLIS)
-def test_cached_cli_is_the_measured_version(name):
+def test_the_script_pins_every_built_in_cli():
+    assert set(PINS) == {"codex", "claude", "gemini", "grok", "opencode"}, PINS
+
+
+@pytest.mark.parametrize("name", sorted(PINS))
+def test_cached_cli_is_the_pinned_version(name):
     installed(name)
     pkg, version = PINS[name]
     pj = CACHE / "pkgs" / name / "node_modules" / pkg / "package.json"
     if not pj.is_file():
         pytest.skip(f"{name} in {BIN} was not installed by scripts/install-agent-clis.sh ({pj} missing)")
     got = json.loads(pj.read_text())["version"]
-    assert got == version, (f"{pkg} {got} is cached but {version} was measured (shared/agent-clis/README.md): "
-                            "re-measure the CLI, then bump the pin here and in scripts/install-agent-clis.sh")
+    assert got == version or LATEST, (f"{pkg} {got} is cached but {version} is pinned: run "
+                                      "scripts/install-agent-clis.sh")
+
+
+@functools.cache
+def cli_version(name: str) -> str:
+    """What the cached CLI says it is, as the job's probe reads it (its first line)."""
+    out = subprocess.run([str(installed(name)), "--version"], capture_output=True, text=True, timeout=60,
+                         env={"PATH": node_path(), "HOME": "/nonexistent"})
+    return (out.stdout or out.stderr).strip().splitlines()[0]
+
+
+@pytest.mark.parametrize("name", sorted(PINS))
+def test_the_installed_cli_is_a_tested_version(name):
+    """The compatibility matrix kept true: the CLI this suite ran is one its adapter lists as tested. After
+    `make test-latest-clis` passes with a newer release, this names the version to add to `tested`."""
+    said = cli_version(name)
+    tested = builtin_agents()[name].tested
+    assert versions.version_of(said) in tested, (f"{name} says {said!r}: add its version to `tested` in "
+                                                  f"builtin.toml once the real-CLI tests pass with it ({tested})")
 
 
 # -- (a) the real parser accepts our argv ----------------------------------------------------------------
@@ -494,7 +525,6 @@ def test_reader_claims_failed_on_the_real_offline_output(runs, name):
 
 SECRETISH = re.compile(r"API_KEY|AUTH_TOKEN|ACCESS_TOKEN|^(ANTHROPIC|OPENAI|CODEX|CLAUDE|GEMINI|GOOGLE|GROK|XDG)_"
                        r"|^(NO_PROXY|no_proxy)$")
-VERSIONS = {"codex": "codex-cli 0.171.0", "claude": "2.1.197 (Claude Code)", "gemini": "0.61.0", "grok": "1.0.1"}
 
 
 def host_config(home: Path, monkeypatch) -> Config:
@@ -537,7 +567,7 @@ def test_host_ends_real_offline_cli_misconfigured_without_a_retry(tmp_path, monk
     assert res.status is Status.failed and res.code is Code.AGENT_MISCONFIGURED, res
     assert res.attempts == 1 and len(res.exit_codes) == 1 and set(res.exit_codes) <= set(want), res.exit_codes
     assert res.claimed_status != "completed" and EXPECT[name].failure.search(res.summary), res
-    assert res.agent_version == VERSIONS[name], res.agent_version  # the cached CLI ran, not another on PATH
+    assert res.agent_version == cli_version(name), res.agent_version  # the cached CLI ran, not another on PATH
     assert res.needs_human_review
     # grok writes its own .grok/ folder into the workspace (README); nothing else may change.
     assert [f for f in res.changed_files if not (name == "grok" and f.startswith(".grok/"))] == [], res.changed_files
@@ -565,7 +595,7 @@ def test_host_ends_real_offline_codex_timed_out(tmp_path, monkeypatch):
     assert res.status is Status.timed_out and res.code is Code.TIMED_OUT, res
     assert res.attempts == 1 and res.exit_codes[0] not in (0, None), res.exit_codes
     assert res.claimed_status == "failed" and "Reconnecting" in res.summary, res.summary
-    assert res.agent_version == VERSIONS["codex"], res.agent_version
+    assert res.agent_version == cli_version("codex"), res.agent_version
     # Ended by the deadline, not before it. A lower bound only, which load can never break; how far past it
     # the tree died is not asserted (a loaded machine's number): the TIMED_OUT code and no process left are
     # the kill (issue 24).
@@ -573,3 +603,36 @@ def test_host_ends_real_offline_codex_timed_out(tmp_path, monkeypatch):
     assert no_process_left_in(Path(res.worktree_path)) == []
     assert subprocess.run(["git", "status", "--porcelain"], cwd=res.worktree_path, capture_output=True,
                           text=True, check=True).stdout == ""
+
+
+@pytest.mark.parametrize("node_proxy", [True, False], ids=["preload", "control-without"])
+def test_grok_confined_reaches_its_model_through_the_egress_proxy(tmp_path, monkeypatch, node_proxy):
+    """grok's SDK calls node's fetch, which ignores the proxy variables: confined (no network but the host's
+    egress proxy), it never reached its model. With the adapter's `node_proxy` preload the model answers,
+    through the proxy (an allowed egress row); the control, the preload off, is the old "Connection error"."""
+    installed("grok")
+    need_bwrap()
+    model = LoopbackModel(_grok_reply)
+    port = model.server.server_address[1]
+    try:
+        home = tmp_path / "home"
+        home.mkdir()
+        repo = make_repo(tmp_path, {"README.md": "hello\n"})
+        base = host_config(home, monkeypatch)
+        grok = base.agents["grok"].model_copy(update={
+            "node_proxy": node_proxy, "egress": (f"127.0.0.1:{port}",),
+            "env": {**base.agents["grok"].env, "GROK_BASE_URL": f"{model.url}/v1"}})
+        monkeypatch.setenv("GROK_API_KEY", "not-a-real-key")
+        config = base.model_copy(update={"confine": "required", "agents": {**base.agents, "grok": grok}})
+        res = run_agent(RunAgentRequest(agent="grok", task=PLAIN, repo=str(repo), ticket="T-1", timeoutSec=60,
+                                        validateCommand="true"), config=config)
+    finally:
+        model.close()
+    chats = [body for path, body in model.requests if path.endswith("/chat/completions")]
+    if node_proxy:
+        assert chats and "ok from the loopback model" in res.summary, (res.summary, res.known_risks)
+        users = [m.get("content") for m in chats[0].get("messages", []) if m.get("role") == "user"]
+        assert users == [PLAIN], users
+    else:
+        assert chats == [] and "Connection error" in res.summary, (res.summary, model.requests)
+    assert res.confinement != "none"

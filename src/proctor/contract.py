@@ -62,6 +62,7 @@ class Code(StrEnum):
     CHECKOUT_WOULD_LOSE = "CHECKOUT_WOULD_LOSE"  # landing would overwrite a file the person has: refused
     NOTHING_TO_LAND = "NOTHING_TO_LAND"  # the target already holds the job's change
     BASELINE_FAILED = "BASELINE_FAILED"  # the base's own validation cannot run: nothing was launched
+    AGENT_UNTESTED = "AGENT_UNTESTED"  # cli_versions = "strict": the CLI's version is not a tested one
 
 
 def check_ref(ref: str) -> str:

@@ -56,6 +56,10 @@ class AdapterSpec(BaseModel):
     approval_patterns: tuple[str, ...] = ()
     output: str = "text"
     version_args: tuple[str, ...] | None = None
+    # The CLI versions proctor's real-CLI suite passed with, as its `--version` names them
+    # (proctor.mechanisms.adapters.versions): another version is a risk on the job, refused under
+    # `cli_versions = "strict"`. Empty (a user's own adapter): not compared.
+    tested: tuple[str, ...] = ()
     state_dirs: tuple[str, ...] = ()  # the CLI's own state: each job gets a copy of it (proctor.services.job.sandbox_home)
     # The variables that carry the CLI's login (keys, tokens): passed from the host's environment to the
     # agent's process only, never to its version probe, setup or validation (the code under test never
@@ -89,6 +93,11 @@ class AdapterSpec(BaseModel):
     # and the result's gaps say so. network = false: no network at all (the proxy is not even bound in).
     network: bool = True
     egress: tuple[str, ...] = ()
+    # node_proxy = true: a Node CLI whose HTTP client ignores the proxy variables (grok's OpenAI SDK on node's
+    # fetch; node 20 has no NODE_USE_ENV_PROXY) is started with a preload that sends its fetch and http(s)
+    # through the egress proxy all the same (proctor/mechanisms/confine/node_proxy.cjs); without it such a
+    # CLI, confined, never reaches its model.
+    node_proxy: bool = False
     # The credential pool a backend's limit applies to, which the breaker is kept per: `pool` when given,
     # else the adapter's name plus a digest of the values of `pool_env` (API keys, base URLs) as the agent
     # will see them. Two jobs on one key share a backoff; jobs on another key or gateway do not.

@@ -118,6 +118,9 @@ class Config(BaseModel):
 
     agents: dict[str, AdapterSpec] = Field(default_factory=dict)
     confine: Literal["auto", "required", "off"] = "auto"
+    # An agent CLI whose version is not in its adapter's `tested` list: a risk on the job ("risk"), or the
+    # job refused before anything launches ("strict", AGENT_UNTESTED).
+    cli_versions: Literal["risk", "strict"] = "risk"
     validate_timeout: int = Field(default=900, ge=1, le=14_400)
     term_grace: float = Field(default=2.0, ge=0, le=60)
     breaker: BreakerSettings = Field(default_factory=BreakerSettings)

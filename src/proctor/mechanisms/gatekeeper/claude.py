@@ -8,6 +8,7 @@ It never decides a call (the gate does) and never speaks to the socket (the hook
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,10 @@ from proctor.mechanisms.gatekeeper.dialect import Answer, reason, settings_path
 from proctor.mechanisms.gatekeeper.hook import HOOK_TIMEOUT_S, shell_word
 from proctor.mechanisms.policy.gate import CallVerdict, Decision
 from proctor.mechanisms.policy.task import Effect
+from proctor.mechanisms.validation.capped import read_capped
 
-# Claude Code 2.1.197's built-in tools and what each does; how each row was determined is in the README's
+# Claude Code's built-in tools (2.1.197 and 2.1.332) and what each does; a name missing here is UNKNOWN
+# (gatekeeper.task: `shell`, online) and, when claude's init event announces it, a risk on the job; how each row was determined is in the README's
 # gate table (research/gating.md "Coverage", its -p tool list, the binary's strings, the docs). A tool that
 # can run a command is `shell` whatever its name: `Skill` ran a skill's embedded `!`git ...`` itself with no
 # Bash row (issue 22, item 4); LSP starts language-server programs; EnterWorktree/ExitWorktree run git
@@ -32,14 +35,24 @@ CLAUDE_TOOLS: dict[str, tuple[Effect, bool]] = {
     "LS": (Effect.read, False), "NotebookRead": (Effect.read, False),
     "WebFetch": (Effect.network, True), "WebSearch": (Effect.network, True),
     "RemoteTrigger": (Effect.network, True),
+    # A workflow runs a script of sub-agents, each with the shell and file tools. Its sub-agents' own calls
+    # pass the hook; their transcripts show them (`journal`, reconciled).
+    "Workflow": (Effect.shell, False),
+    # Messages to and a list of other sessions, a cloud one included (the binary's strings: "a cloud session
+    # receives your message"); DesignSync syncs with claude.ai's design service.
+    "SendMessage": (Effect.send, True), "ListAgents": (Effect.network, True), "DesignSync": (Effect.network, True),
     # A sub-agent's own calls pass the same hook (research/gating.md "Coverage"); the rest only plan,
     # ask, schedule a prompt or keep a list inside the session.
     "Task": (Effect.none, False), "Agent": (Effect.none, False), "TodoWrite": (Effect.none, False),
     "ExitPlanMode": (Effect.none, False), "EnterPlanMode": (Effect.none, False),
     "AskUserQuestion": (Effect.none, False), "ToolSearch": (Effect.none, False),
     **{n: (Effect.none, False) for n in ("TaskCreate", "TaskUpdate", "TaskList", "TaskGet", "CronCreate",
-                                          "CronDelete", "CronList")},
+                                          "CronDelete", "CronList", "ScheduleWakeup", "ReportFindings")},
 }
+
+# A job's sub-agent transcripts read for reconciliation (`journal`): how many, and how large each.
+JOURNAL_FILES = 1000
+JOURNAL_CAP = 64 << 20
 
 # Where each file tool names its path in tool_input; a read tool without one acts on the workspace.
 CLAUDE_PATH_KEYS = ("file_path", "notebook_path", "path")
@@ -80,20 +93,53 @@ class ClaudeDialect:
         """Variables the agent's CLI needs to find its hook (none for claude: its args name the file)."""
         return {}
 
+    # The stream lines `tool_uses` and `announced` read (GateService._take).
+    stream_marks = (b'"tool_use"', b'"init"')
+
+    def announced(self, stdout: str) -> list[str]:
+        """The tools claude says it has, deferred ones included: its `system/init` event's `tools`."""
+        return [str(t) for ev in _events(stdout, '"init"') if ev.get("type") == "system"
+                and ev.get("subtype") == "init" for t in ev.get("tools") or [] if isinstance(t, str)]
+
+    def journal(self, home: Path) -> tuple[list[tuple[str, str]], list[str]]:
+        """The tool calls of the sub-agents a Workflow ran, from their transcripts in the job's copy of
+        ~/.claude (`projects/<dir>/<session>/subagents/**/agent-*.jsonl`; `projects` is never copied in, so
+        every one is this job's): 2.1.332's stream shows none of them, `--forward-subagent-text` or not
+        (measured), while each passed the hook. (tool_use id, name) as `tool_uses` gives them, and the
+        transcripts too large, too many or odd to read whole (their calls cannot be reconciled)."""
+        found: list[tuple[str, str]] = []
+        paths = sorted((home / ".claude" / "projects").glob("*/*/subagents/**/agent-*.jsonl"))
+        unread = [f"{len(paths) - JOURNAL_FILES} past the first {JOURNAL_FILES}"] if len(paths) > JOURNAL_FILES else []
+        for path in paths[:JOURNAL_FILES]:
+            data = read_capped(path, JOURNAL_CAP)
+            if data is None:
+                unread.append(path.name)
+                continue
+            found += self.tool_uses(data.decode("utf-8", "replace"))
+        return found, unread
+
     def tool_uses(self, stdout: str) -> list[tuple[str, str]]:
-        """(tool_use id, tool name) of every tool call in claude's stream-json output."""
+        """(tool_use id, tool name) of every tool call in claude's stream-json output (an Agent sub-agent's
+        too, an assistant message with `parent_tool_use_id` set) or in a transcript of its (`journal`)."""
         found = []
-        # Split on newlines only: str.splitlines also splits on U+2028, which a CLI's JSON carries raw
-        # (Node's JSON.stringify), so a tool call holding one was never read (issue 22).
-        for line in stdout.split("\n"):
-            if '"tool_use"' not in line:
-                continue
-            try:
-                ev = json.loads(line)
-            except (ValueError, RecursionError):
-                continue
-            msg = ev.get("message") if isinstance(ev, dict) and ev.get("type") == "assistant" else None
+        for ev in _events(stdout, '"tool_use"'):
+            msg = ev.get("message") if ev.get("type") == "assistant" else None
             for part in (msg or {}).get("content") or [] if isinstance(msg, dict) else []:
                 if isinstance(part, dict) and part.get("type") == "tool_use":
                     found.append((str(part.get("id", "")), str(part.get("name", ""))))
         return found
+
+
+def _events(text: str, mark: str) -> Iterator[dict[str, Any]]:
+    """The JSON objects of the lines holding `mark`. Split on newlines only: str.splitlines also splits on
+    U+2028, which a CLI's JSON carries raw (Node's JSON.stringify), so a tool call holding one was never
+    read (issue 22)."""
+    for line in text.split("\n"):
+        if mark not in line:
+            continue
+        try:
+            ev = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(ev, dict):
+            yield ev

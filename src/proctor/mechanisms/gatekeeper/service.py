@@ -36,7 +36,7 @@ from proctor.mechanisms.gatekeeper.grant import grant_claim, held_call, input_di
 from proctor.mechanisms.gatekeeper.hook import client_command, install_client
 from proctor.mechanisms.gatekeeper.intake import MAX_REQUEST, TURNED_AWAY, GateServer, Intake, send_answer
 from proctor.mechanisms.gatekeeper.stream import StreamLines
-from proctor.mechanisms.gatekeeper.task import measured
+from proctor.mechanisms.gatekeeper.task import COMMAND_PREFIXES, COMMAND_TOOLS, measured
 from proctor.mechanisms.ledger.store import Ledger
 from proctor.mechanisms.policy.gate import CallVerdict, Decision, Gate, GateCode
 from proctor.mechanisms.policy.task import AgentTask
@@ -75,6 +75,7 @@ class GateService:
         self.ticket, self.repo = ticket, repo  # a person's grant is for a ticket of a repo (`proctor approve`)
         self.held: list[dict[str, str]] = []  # calls the policy holds for a person: the job ends on the first
         self.streamed: dict[str, str] = {}  # tool_use id -> tool name, as the CLI's own output showed them
+        self.announced: set[str] = set()  # the tools the CLI said it has at start (a dialect's `announced`)
         self.gate = Gate(measured(task, dialect.tools), policy=policy, dry_run=False, stop=stop,
                          on_decision=self._row, approved=self._grant)
         self.summary = Summary()
@@ -83,6 +84,7 @@ class GateService:
         self.decisions: list[Decided] = []  # every call decided here, in order (reconcile)
         self.forged: list[str] = []  # decisions the CLI's own stream never showed: "tool (call id)"
         self._forged_ids: list[str] = []
+        self._unread: list[str] = []  # records of the CLI's that `account` could not read whole
         self.failures: list[str] = []
         self._lines = StreamLines()
         self._watched = False  # reconciled only against a stream the host watched (`watch`)
@@ -156,6 +158,13 @@ class GateService:
                          f"showed (forged by a process in the job; not counted as decisions): "
                          f"{', '.join(self.forged[:5])}{more}")
         return "; ".join(risks) or None
+
+    @property
+    def unlisted(self) -> list[str]:
+        """The tools the CLI announced that its table lacks (a newer CLI's), each decided as UNKNOWN: `shell`
+        and online. A user's program behind COMMAND_PREFIXES is `shell` by name and is not listed."""
+        return sorted(n for n in self.announced if n not in self.dialect.tools and n not in COMMAND_TOOLS
+                      and not n.startswith(COMMAND_PREFIXES))
 
     def handle(self, raw: bytes) -> Answer:
         t0 = time.monotonic()
@@ -234,6 +243,14 @@ class GateService:
     def _write(self, kind: str, payload: dict[str, Any]) -> None:
         self.ledger.append(kind, payload, job_id=self.job_id)
 
+    def account(self, uses: list[tuple[str, str]], unread: list[str]) -> None:
+        """Tool calls the CLI shows outside its stream (a dialect's `journal`: claude's workflow sub-agents'
+        transcripts), taken as if streamed, before `stop` reconciles; `unread`, the records too large to
+        read whole, fail closed as a line too long does (`bypassed`)."""
+        with self._lock:
+            self.streamed.update(uses)
+            self._unread += unread
+
     @property
     def bypassed(self) -> list[str]:
         """Tool calls the CLI's own output showed that the gate never decided (a hook that did not run), and
@@ -241,6 +258,7 @@ class GateService:
         found = [f"{name} ({cid})" for cid, name in self.streamed.items() if cid not in self.seen]
         if self._lines.over:
             found.append(f"a line of the CLI's output over {self._lines.limit} bytes (not reconciled)")
+        found += [f"a sub-agent record too large or odd to read ({n}; not reconciled)" for n in self._unread[:5]]
         return found
 
     def watch(self) -> Callable[[str, bytes], str | None]:
@@ -267,6 +285,9 @@ class GateService:
         text = b"\n".join(ln for ln in lines if any(m in ln for m in marks)).decode("utf-8", "replace")
         uses = self.dialect.tool_uses(text) if text else []
         self.streamed.update(uses)
+        announced = getattr(self.dialect, "announced", None)
+        if announced is not None and text:
+            self.announced.update(announced(text))
         if uses and not self.summary.armed:
             return "bypass: a tool call before the gate's hook was armed"
         return None

@@ -15,6 +15,10 @@ COMMAND_PREFIXES = ("mcp__", "mcp_", "discovered_tool_")
 # The CLIs' MCP resource tools reach those same programs: `shell` when declared, and (no table row) never in
 # a default task, as before.
 COMMAND_TOOLS = frozenset({"ListMcpResourcesTool", "ReadMcpResourceTool", "read_mcp_resource"})
+# A tool the CLI's table does not list, nor COMMAND_PREFIXES name: a new or unlisted built-in, whose effect
+# nobody measured. The most dangerous there is, whatever a declaration says: it may run commands, and (like
+# WebSearch or RemoteTrigger) it may run on the provider's side, outside the sandbox's network.
+UNKNOWN = (Effect.shell, True)
 # How strong an effect is, for `measured`: a declaration may not make a tool weaker than what it does.
 _STRENGTH = {Effect.none: 0, Effect.read: 1, Effect.write: 2, Effect.delete: 3, Effect.network: 4,
              Effect.send: 4, Effect.pay: 5, Effect.shell: 6}
@@ -22,12 +26,13 @@ _STRENGTH = {Effect.none: 0, Effect.read: 1, Effect.write: 2, Effect.delete: 3, 
 
 def measured(task: AgentTask, tools: dict[str, tuple[Effect, bool]]) -> AgentTask:
     """The task with each declared tool's effect at least what the CLI's tool measurably does (its table
-    row; `shell` for a user's program behind COMMAND_PREFIXES): declaring `Skill` as effect `none` does not
-    let it run commands without the `shell` permission."""
+    row; `shell` for a user's program behind COMMAND_PREFIXES; UNKNOWN for a name the table lacks): declaring
+    `Skill` as effect `none` does not let it run commands without the `shell` permission, nor a tool newer
+    than the table reach anything at all without `shell` and `network`."""
     specs = []
     for t in task.tools:
         runs = t.name in COMMAND_TOOLS or t.name.startswith(COMMAND_PREFIXES)
-        effect, online = tools.get(t.name, (Effect.shell if runs else t.effect, False))
+        effect, online = tools.get(t.name, (Effect.shell, False) if runs else UNKNOWN)
         if _STRENGTH[effect] > _STRENGTH[t.effect] or (online and not t.online):
             t = t.model_copy(update={"effect": max(effect, t.effect, key=_STRENGTH.__getitem__),
                                      "online": t.online or online})

@@ -60,6 +60,9 @@ def finish(job: Job, result: RunAgentResult) -> None:
     gate = job.gate
     if gate is None:
         return
+    journal = getattr(gate.dialect, "journal", None)  # optional: calls a CLI records outside its stream
+    if journal is not None:
+        gate.account(*journal(job.home))
     gate.stop()
     summary = gate.summary
     result.gate = summary.as_dict(gate.dialect.name, gatekeeper.settings_path(gate.dir, gate.dialect.name))
@@ -77,3 +80,8 @@ def finish(job: Job, result: RunAgentResult) -> None:
         job.risks.append(f"gate decisions failed and were denied: {gate.failures[0]}")
     if gate.flood:
         job.risks.append(gate.flood)
+    if gate.unlisted:
+        job.risks.append(f"{gate.dialect.name} has {len(gate.unlisted)} tool(s) the gate's table does not list: "
+                         f"{names(gate.unlisted)}; each was decided as `shell` and online, whatever a "
+                         "declaration said (a CLI newer than the table: see its tested versions)")
+        result.gate["unlisted"] = gate.unlisted

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from importlib import resources
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from proctor.contract import Code, RunAgentResult
 from proctor.mechanisms import confine
+from proctor.mechanisms.adapters import versions
 from proctor.mechanisms.config.settings import RepoSettings
 from proctor.mechanisms.git import worktree
 from proctor.mechanisms.process.local import Limited, ProcessRunner
@@ -88,7 +90,16 @@ def prepare(job: Job, admitted: Admitted, result: RunAgentResult) -> Prepared | 
     result.confinement = cplan.confinement
     result.confinement_details = {**cplan.details, "gaps": cplan.gaps}
     agent_env = {**env, **cplan.env, **(job.gate.dialect.env(job.gate.dir) if job.gate is not None else {})}
+    if job.spec.node_proxy and job.spec.network and result.confinement != "none":
+        agent_env["NODE_OPTIONS"] = node_proxy(job, agent_env.get("NODE_OPTIONS", ""))
     result.agent_version = _probe_version(job, admitted.confiner, wt, env)
+    untested = versions.untested(job.spec.name, job.spec.tested, result.agent_version)
+    if untested is not None and job.config.cli_versions == "strict":
+        result.code, result.summary = Code.AGENT_UNTESTED, untested
+        job.risks.append(f"{untested}; cli_versions = \"strict\": nothing was launched")
+        return None
+    if untested is not None:
+        job.risks.append(untested)
 
     # The job's limits (memory, pids, CPU weight; disk added to the worktree and the agent's TMPDIR). The
     # stop switch is read once more by the runner, as the last thing before each spawn.
@@ -103,6 +114,16 @@ def prepare(job: Job, admitted: Admitted, result: RunAgentResult) -> Prepared | 
     if isinstance(base, baseline.NotRunnable):
         return None
     return Prepared(wt, plan, cplan, agent_env, env, limited, base)
+
+
+def node_proxy(job: Job, options: str) -> str:
+    """NODE_OPTIONS with the proxy preload required first: a copy in the agent's HOME, which the sandbox
+    shows (the package's own path may sit in a hidden /tmp or home). It is the agent's to change, as its
+    own process is: the proxy, not the preload, decides what the agent reaches."""
+    target = job.home / ".proctor" / "node_proxy.cjs"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes((resources.files("proctor.mechanisms.confine") / "node_proxy.cjs").read_bytes())
+    return f"--require {target} {options}".strip()
 
 
 def setup_links(wt: worktree.Worktree) -> list[str]:
