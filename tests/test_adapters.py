@@ -13,7 +13,7 @@ import pytest
 
 from proctor import RunAgentRequest, Status, run_agent
 from proctor.mechanisms.config.load import ConfigError, builtin_agents, load_config
-from proctor.mechanisms.adapters.testing import Behaviour
+from proctor.mechanisms.adapters.testing import real_version, Behaviour
 
 CODEX_OUT = "\n".join(json.dumps(e) for e in [
     {"type": "thread.started", "thread_id": "t"},
@@ -41,7 +41,7 @@ CASES = {
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_builtin_adapter_argv_cwd_stdin_and_output(repo, fake, name):
     stdout, summary, claim = CASES[name]
-    agent = fake(name, Behaviour(stdout=stdout, writes={"touched.txt": name}, version=f"{name} 9.9.9"))
+    agent = fake(name, Behaviour(stdout=stdout, writes={"touched.txt": name}))
     res = run_agent(RunAgentRequest(agent=name, task="the task", repo=str(repo), ticket="T", validateCommand="true"))
     assert res.status is Status.completed, res
     call = agent.calls()[0]
@@ -63,7 +63,7 @@ def test_builtin_adapter_argv_cwd_stdin_and_output(repo, fake, name):
     assert call["stdin_devnull"] is (not prompt_on_stdin)
     assert call["stdin"] == ("the task" if prompt_on_stdin else "")
     assert res.summary == summary and res.claimed_status == claim
-    assert res.agent_version == f"{name} 9.9.9"
+    assert res.agent_version == real_version(name)
     assert (Path(wt) / "touched.txt").read_text() == name
     assert res.known_risks == ["confinement is off by request: the agent and its validation ran unconfined",
                      "the verdict on `true` rests on its exit code alone: no per-test evidence "

@@ -13,8 +13,11 @@ import json
 import os
 import stat
 import sys
+import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+TESTED = "<tested>"  # Behaviour.version: the built-in's own tested version (`real_version`)
 
 _SCRIPT = r'''#!{python}
 import json, os, signal, sys, time
@@ -86,8 +89,17 @@ class Behaviour:
     daemon_scrub_env: bool = False
     flood_bytes: int = 0
     read_stdin: bool = True
-    version: str | None = "fake-agent 1.0.0"  # answered to `--version` without recording a call
+    # Answered to `--version` without recording a call; TESTED: as the real CLI of that name would, a version
+    # its built-in lists as tested (a stand-in for an untested one says so), else "fake-agent 1.0.0".
+    version: str | None = TESTED
     record_env: list[str] = field(default_factory=lambda: ["PROCTOR_JOB_ID", "PROCTOR_WORKTREE", "TMPDIR"])
+
+
+def real_version(name: str) -> str:
+    """What the real CLI `name` answers to --version, at a version its built-in lists as tested."""
+    agents = tomllib.loads(Path(__file__).with_name("builtin.toml").read_text()).get("agents", {})
+    tested = agents.get(name, {}).get("tested")
+    return f"{name} {tested[-1]}" if tested else "fake-agent 1.0.0"
 
 
 class FakeAgent:
@@ -103,7 +115,10 @@ class FakeAgent:
         self.set(behaviour or Behaviour())
 
     def set(self, behaviour: Behaviour) -> None:
-        (self.bin_dir / f"{self.name}.behaviour.json").write_text(json.dumps(asdict(behaviour)))
+        data = asdict(behaviour)
+        if data["version"] == TESTED:
+            data["version"] = real_version(self.name)
+        (self.bin_dir / f"{self.name}.behaviour.json").write_text(json.dumps(data))
 
     def calls(self) -> list[dict]:
         p = self.bin_dir / f"{self.name}.calls.jsonl"
