@@ -18,7 +18,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-import test_real_cli_jobs as real
 from modelserver import ScriptedModel
 from test_gate_claude import declaration, gate_rows
 from test_real_cli_jobs import ACTION, BIN, CI, run_job
@@ -121,11 +120,10 @@ class TtyShell(ScriptedModel):
 
 
 @pytest.mark.realcli
-def test_write_stdin_cannot_type_into_a_shell_the_gate_let_start(tmp_path, monkeypatch):
+def test_write_stdin_cannot_type_into_a_shell_the_gate_let_start(tmp_path):
     """Measured on 0.171 without the gate's args: `exec_command(bash, tty)` then `write_stdin` wrote the file
     with no hook call. `--disable unified_exec_tty` refuses the tty; without one, stdin is closed."""
-    monkeypatch.setattr(real, "ScriptedModel", TtyShell)
-    job = run_job("codex-model", tmp_path)
+    job = run_job("codex-model", tmp_path, model_type=TtyShell)
     r = job.result
     assert not (Path(r["worktreePath"]) / ACTION.name).exists() and r["changed_files"] == [], job.explain()
     assert [(c["tool"], c["verdict"]) for c in calls(job)] == [("Bash", "run")]
