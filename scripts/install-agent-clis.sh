@@ -36,7 +36,7 @@ NPM_TIMEOUT="${PROCTOR_CLI_NPM_TIMEOUT:-900}"
 # the two together.
 PINS=(
   "codex|@openai/codex|0.171.0"
-  "claude|@anthropic-ai/claude-code|2.1.197"
+  "claude|@anthropic-ai/claude-code|2.1.332"
   "gemini|@google/gemini-cli|0.61.0"
   "grok|@vibe-kit/grok-cli|0.0.34"
   "opencode|opencode-ai|1.18.33"

@@ -546,6 +546,10 @@ class McpScriptedModel(ScriptedModel):
                                        entry)
         elif self.calls.start in tools:
             block = self._mcp_call(self.calls.start, dict(self.calls.start_input or {}), entry)
+        elif "ToolSearch" in tools and "ToolSearch" not in self.answered.values():
+            # claude 2.1.332 defers MCP tools: the model loads them by name first, as a real model does.
+            block = self._mcp_call("ToolSearch", {"query": f"select:{self.calls.start},{self.calls.wait}",
+                                                  "max_results": 5}, entry)
         else:
             entry.reply = "side"
             block = {"type": "text", "text": SIDE_TEXT}
