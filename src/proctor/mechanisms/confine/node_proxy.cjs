@@ -1,7 +1,8 @@
 'use strict';
 // Loaded with NODE_OPTIONS=--require (an adapter's `node_proxy = true`; proctor.services.job.prepare): makes
-// a node CLI that ignores HTTPS_PROXY & co. use that HTTP CONNECT proxy anyway. Covers node's built-in fetch (undici: its global dispatcher becomes an Agent whose connect
-// opens a CONNECT tunnel) and the http/https modules' global agents (the same tunnel). Plain http:// targets
+// a node CLI that ignores HTTPS_PROXY & co. use that HTTP CONNECT proxy anyway. Covers node's built-in
+// fetch (undici: its global dispatcher becomes an Agent whose connect opens a CONNECT tunnel) and the
+// http/https modules' global agents (the same tunnel). Plain http:// targets
 // are tunnelled with CONNECT too. NO_PROXY (comma list, "*", host or .suffix, optional :port) is honoured.
 // No dependencies; node >= 18.
 const net = require('net');

@@ -36,7 +36,8 @@ from proctor.mechanisms.gatekeeper.grant import grant_claim, held_call, input_di
 from proctor.mechanisms.gatekeeper.hook import client_command, install_client
 from proctor.mechanisms.gatekeeper.intake import MAX_REQUEST, TURNED_AWAY, GateServer, Intake, send_answer
 from proctor.mechanisms.gatekeeper.stream import StreamLines
-from proctor.mechanisms.gatekeeper.task import COMMAND_PREFIXES, COMMAND_TOOLS, measured
+from proctor.mechanisms.gatekeeper.task import measured
+from proctor.mechanisms.gatekeeper.task import row as table_row
 from proctor.mechanisms.ledger.store import Ledger
 from proctor.mechanisms.policy.gate import CallVerdict, Decision, Gate, GateCode
 from proctor.mechanisms.policy.task import AgentTask
@@ -163,8 +164,7 @@ class GateService:
     def unlisted(self) -> list[str]:
         """The tools the CLI announced that its table lacks (a newer CLI's), each decided as UNKNOWN: `shell`
         and online. A user's program behind COMMAND_PREFIXES is `shell` by name and is not listed."""
-        return sorted(n for n in self.announced if n not in self.dialect.tools and n not in COMMAND_TOOLS
-                      and not n.startswith(COMMAND_PREFIXES))
+        return sorted(n for n in self.announced if table_row(n, self.dialect.tools) is None)
 
     def handle(self, raw: bytes) -> Answer:
         t0 = time.monotonic()

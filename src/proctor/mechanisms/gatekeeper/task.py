@@ -24,6 +24,16 @@ _STRENGTH = {Effect.none: 0, Effect.read: 1, Effect.write: 2, Effect.delete: 3, 
              Effect.send: 4, Effect.pay: 5, Effect.shell: 6}
 
 
+def row(name: str, tools: dict[str, tuple[Effect, bool]]) -> tuple[Effect, bool] | None:
+    """What the tool `name` measurably does: its table row; `shell` for a user's program (COMMAND_TOOLS,
+    COMMAND_PREFIXES); None for a name nothing knows, which `measured` takes as UNKNOWN."""
+    if name in tools:
+        return tools[name]
+    if name in COMMAND_TOOLS or name.startswith(COMMAND_PREFIXES):
+        return Effect.shell, False
+    return None
+
+
 def measured(task: AgentTask, tools: dict[str, tuple[Effect, bool]]) -> AgentTask:
     """The task with each declared tool's effect at least what the CLI's tool measurably does (its table
     row; `shell` for a user's program behind COMMAND_PREFIXES; UNKNOWN for a name the table lacks): declaring
@@ -31,8 +41,7 @@ def measured(task: AgentTask, tools: dict[str, tuple[Effect, bool]]) -> AgentTas
     than the table reach anything at all without `shell` and `network`."""
     specs = []
     for t in task.tools:
-        runs = t.name in COMMAND_TOOLS or t.name.startswith(COMMAND_PREFIXES)
-        effect, online = tools.get(t.name, (Effect.shell, False) if runs else UNKNOWN)
+        effect, online = row(t.name, tools) or UNKNOWN
         if _STRENGTH[effect] > _STRENGTH[t.effect] or (online and not t.online):
             t = t.model_copy(update={"effect": max(effect, t.effect, key=_STRENGTH.__getitem__),
                                      "online": t.online or online})

@@ -80,8 +80,9 @@ def finish(job: Job, result: RunAgentResult) -> None:
         job.risks.append(f"gate decisions failed and were denied: {gate.failures[0]}")
     if gate.flood:
         job.risks.append(gate.flood)
-    if gate.unlisted:
-        job.risks.append(f"{gate.dialect.name} has {len(gate.unlisted)} tool(s) the gate's table does not list: "
-                         f"{names(gate.unlisted)}; each was decided as `shell` and online, whatever a "
+    unlisted = gate.unlisted
+    if unlisted:
+        job.risks.append(f"{gate.dialect.name} has {len(unlisted)} tool(s) the gate's table does not list: "
+                         f"{names(unlisted)}; each was decided as `shell` and online, whatever a "
                          "declaration said (a CLI newer than the table: see its tested versions)")
-        result.gate["unlisted"] = gate.unlisted
+        result.gate["unlisted"] = unlisted

@@ -123,7 +123,7 @@ def node_proxy(job: Job, options: str) -> str:
     target = job.home / ".proctor" / "node_proxy.cjs"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes((resources.files("proctor.mechanisms.confine") / "node_proxy.cjs").read_bytes())
-    return f"--require {target} {options}".strip()
+    return f'--require "{target}" {options}'.strip()  # quoted: node splits NODE_OPTIONS on spaces
 
 
 def setup_links(wt: worktree.Worktree) -> list[str]:
