@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import pytest
 from packaging.requirements import Requirement
@@ -88,6 +89,26 @@ def wait_until(ready, bound_s: float, what: str, step_s: float = 0.02):  # type:
 
 def sh(*args: str, cwd: Path | None = None) -> str:
     return subprocess.run(args, cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def sh_job(repo: Path, where: Path, script: str, branch: str = "master", extra: str = "") -> tuple[Any, dict]:
+    """One autodetected job of a `sh` agent running `script` in its worktree (prompt on stdin, no network),
+    confine = required, with a ledger of its own in `where`: the result and its ledger rows by kind.
+    `extra`: more top-level config lines (a `[repos."..."]` table)."""
+    import json
+
+    from proctor import RunAgentRequest, run_agent
+    from proctor.mechanisms.config.load import load_config
+    from proctor.mechanisms.ledger.store import Ledger
+
+    where.mkdir(parents=True, exist_ok=True)
+    cfg = where / "agent.toml"
+    cfg.write_text(f'confine = "required"\n{extra}[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(script)}]\n'
+                   'prompt = "stdin"\nnetwork = false\n')
+    with Ledger(where / "ledger.sqlite3") as ledger:
+        res = run_agent(RunAgentRequest(agent="sh", task="t", repo=str(repo), ticket="T", branch=branch),
+                        config=load_config(cfg), ledger=ledger)
+        return res, {r.kind: r.payload for r in ledger.rows(job_id=res.job_id)}
 
 
 def make_repo(root: Path, files: dict[str, str] | None = None, branch: str = "master") -> Path:

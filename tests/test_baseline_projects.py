@@ -21,11 +21,10 @@ from pathlib import Path
 import pytest
 
 import ecosystems_fetch as fx
-from proctor import RunAgentRequest, Status, run_agent
+from conftest import sh_job
+from proctor import Status
 from proctor.contract import Code
-from proctor.mechanisms.config.load import load_config
 from proctor.mechanisms.confine import detect
-from proctor.mechanisms.ledger.store import Ledger
 
 CAPS = detect()
 BOTH = CAPS.bwrap is not None and CAPS.landlock
@@ -46,13 +45,7 @@ def need(tool: str) -> str:
 
 def job(repo: Path, tmp_path: Path, script: str, branch: str = "master", extra: str = ""):
     """One autodetected job of a `sh` agent running `script`, confine = required."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    cfg = tmp_path / "agent.toml"
-    cfg.write_text(f'confine = "required"\n{extra}[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(script)}]\n'
-                   'prompt = "stdin"\nnetwork = false\n')
-    with Ledger(tmp_path / "ledger.sqlite3") as ledger:
-        res = run_agent(RunAgentRequest(agent="sh", task="t", repo=str(repo), ticket="T", branch=branch),
-                        config=load_config(cfg), ledger=ledger)
+    res, _ = sh_job(repo, tmp_path, script, branch, extra)
     assert res.confinement == "bwrap+landlock" or res.code is Code.BASELINE_FAILED, res
     return res
 

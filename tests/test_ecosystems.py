@@ -32,14 +32,13 @@ from pathlib import Path
 import pytest
 
 import ecosystems_fetch as fx
-from proctor import RunAgentRequest, Status, run_agent
-from proctor.mechanisms.config.load import load_config
+from conftest import sh_job
+from proctor import Status
 from proctor.mechanisms.confine import detect
 from proctor.contract import Code
 from proctor.mechanisms.validation import environment, plan as validate
 from proctor.mechanisms.validation.probe import judge
 from proctor.mechanisms.validation.venvs import hatch_env_path, poetry_env_name, python_env
-from proctor.mechanisms.ledger.store import Ledger
 
 CAPS = detect()
 BOTH = CAPS.bwrap is not None and CAPS.landlock
@@ -52,14 +51,7 @@ pytestmark = pytest.mark.skipif(not BOTH, reason="needs bubblewrap and Landlock 
 
 def job(repo: Path, tmp_path: Path, script: str, branch: str):
     """One autodetected job of a `sh` agent running `script` in its worktree, confine = required."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    cfg = tmp_path / "agent.toml"
-    cfg.write_text(f'confine = "required"\n[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(script)}]\n'
-                   'prompt = "stdin"\nnetwork = false\n')
-    with Ledger(tmp_path / "ledger.sqlite3") as ledger:
-        res = run_agent(RunAgentRequest(agent="sh", task="t", repo=str(repo), ticket="T", branch=branch),
-                        config=load_config(cfg), ledger=ledger)
-        rows = {r.kind: r.payload for r in ledger.rows(job_id=res.job_id)}
+    res, rows = sh_job(repo, tmp_path, script, branch)
     assert res.confinement == "bwrap+landlock", res
     return res, rows
 
@@ -600,14 +592,7 @@ def test_go_vendored_module_run_by_a_configured_plain_go_test(go_module, tmp_pat
     line = f'[repos."{repo}"]\nvalidate = "go test -mod=vendor ./..."\n'
 
     def configured(where: Path, script: str, branch: str):
-        where.mkdir(parents=True, exist_ok=True)
-        cfg = where / "agent.toml"
-        cfg.write_text(f'confine = "required"\n{line}[agents.sh]\ncommand = ["/bin/sh", "-c", {json.dumps(script)}]\n'
-                       'prompt = "stdin"\nnetwork = false\n')
-        with Ledger(where / "ledger.sqlite3") as ledger:
-            res = run_agent(RunAgentRequest(agent="sh", task="t", repo=str(repo), ticket="T", branch=branch),
-                            config=load_config(cfg), ledger=ledger)
-            return res, {r.kind: r.payload for r in ledger.rows(job_id=res.job_id)}
+        return sh_job(repo, where, script, branch, extra=line)
 
     res, rows = configured(tmp_path / "fix", edit.fix, "broken")
     assert_fixed(res, rows)
