@@ -35,7 +35,8 @@ from proctor.mechanisms.policy.trusted import Policy
 
 PROCTOR = str(Path(sys.executable).with_name("proctor"))
 
-# Modes (words of the task): forge, forge-held, pad=<bytes>, u2028, no-pretool, no-newline, announce.
+# Modes (words of the task): forge, forge-held, pad=<bytes>, u2028, no-pretool, no-newline, announce, journal,
+# no-journal, journal-unhooked, journal-symlink.
 CLI = r'''
 import json, os, subprocess, sys, time
 args = sys.argv[1:]
@@ -54,6 +55,21 @@ if "forge" in words or "forge-held" in words:
     # A tool's command: a child of the CLI, which never shows its calls in the CLI's stream.
     subprocess.run([sys.executable, record + "/forger.py", settings[ "PreToolUse"][0]["hooks"][0]["command"],
                     record, "held" if "forge-held" in words else "plain"], check=True)
+if {"journal", "no-journal", "journal-unhooked", "journal-symlink"} & set(words):
+    # A Workflow's sub-agent: its call passes the hook (unless "journal-unhooked") and never shows in the
+    # stream; its transcript, where claude keeps it under HOME, does (unless "no-journal").
+    sub = {"type": "tool_use", "id": "toolu_sub", "name": "Write", "input": {"file_path": "sub.txt", "content": "s"}}
+    if "no-journal" not in words:
+        d = os.path.join(os.environ["HOME"], ".claude/projects/-wt/sess/subagents/workflows/wf_1")
+        os.makedirs(d, exist_ok=True)
+        name = "elsewhere.txt" if "journal-symlink" in words else "agent-a1.jsonl"
+        with open(os.path.join(d, name), "w") as f:
+            f.write(json.dumps({"type": "assistant", "isSidechain": True, "message": {"content": [sub]}}) + "\n")
+        if "journal-symlink" in words:  # a transcript that is not a plain file: never read, never trusted
+            os.symlink(os.path.join(d, name), os.path.join(d, "agent-a1.jsonl"))
+    if "journal-unhooked" not in words:
+        hook("PreToolUse", {"hook_event_name": "PreToolUse", "tool_name": "Write", "tool_use_id": "toolu_sub",
+                            "tool_input": sub["input"], "agent_id": "a1"})
 pad = next((int(w[4:]) for w in words if w.startswith("pad=")), 0)
 content = "x" * pad + ("\u2028" if "u2028" in words else "")
 call = {"type": "tool_use", "id": "toolu_1", "name": "Write", "input": {"file_path": "a.txt", "content": content}}
@@ -217,3 +233,29 @@ def test_control_no_announcement_no_unlisted_risk(repo, config):
     res = job(repo, config, "plain")
     assert res.status is Status.completed and not [k for k in res.known_risks if "does not list" in k], res
     assert "unlisted" not in res.gate
+
+
+# -- a sub-agent's calls, from its transcript ------------------------------------------------------------------
+
+def test_a_sub_agents_hooked_call_in_its_transcript_is_a_decision_not_forged(repo, config):
+    res = job(repo, config, "journal")
+    assert res.status is Status.completed and res.gate["forged"] == 0 and res.gate["calls"] == 2, res.gate
+    assert not [k for k in res.known_risks if "forged" in k], res.known_risks
+
+
+def test_control_without_its_transcript_the_same_call_reads_as_forged(repo, config):
+    res = job(repo, config, "no-journal")
+    assert res.gate["forged"] == 1 and res.gate["calls"] == 1, res.gate
+    assert any("forged" in k and "toolu_sub" in k for k in res.known_risks), res.known_risks
+
+
+def test_a_sub_agents_call_that_skipped_the_hook_is_a_bypass(repo, config):
+    res = job(repo, config, "journal-unhooked")
+    assert res.status is Status.failed and res.code is Code.BYPASS, res
+    assert any("toolu_sub" in k for k in res.known_risks), res.known_risks
+
+
+def test_a_transcript_that_cannot_be_read_whole_fails_closed(repo, config):
+    res = job(repo, config, "journal-symlink")
+    assert res.status is Status.failed and res.code is Code.BYPASS, res
+    assert any("sub-agent record" in k for k in res.known_risks), res.known_risks

@@ -292,6 +292,7 @@ def test_endpoint_keys_become_each_clis_own_flags_and_variables(tmp_path):
     assert _argv(claude)[:4] == ["claude", "--model", "m-2", "-p"]
     gemini = _overlaid(tmp_path, "gemini", f'base_url = "{url}"\n')
     assert gemini.env["GOOGLE_GEMINI_BASE_URL"] == url
+    assert _overlaid(tmp_path, "grok", f'base_url = "{url}"\n').env["GROK_BASE_URL"] == url
     assert _argv(gemini)[:2] == ["gemini", "--prompt=the task"]
     # Without the keys, every built-in's argv and env are exactly as declared.
     for name, spec in builtin_agents().items():

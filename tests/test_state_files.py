@@ -77,3 +77,27 @@ def test_builtin_claude_saves_its_config_by_rename_inside_its_state_dir(repo, tm
     # The save landed in the job's copy of ~/.claude, which is not kept: the user's state never gets it.
     assert not (home / ".claude" / ".claude.json").exists()
     assert json.loads((home / ".claude.json").read_text()) == {"user": "theirs"}  # the user's own, untouched
+
+
+@pytest.mark.parametrize("write, watched", [
+    ("plugins/store/cc-plugin-agents-md_builtin-b049b47b3618.json", False),  # 2.1.332's usage store: state
+    ("plugins/installed_plugins.json", True),  # control: which plugins are installed is config
+    ("plugins/marketplaces/m/plugin.json", True),
+])
+def test_claudes_plugin_usage_store_is_state_and_its_plugins_stay_watched(tmp_path, write, watched):
+    """claude 2.1.332 writes its built-in plugins' usage store every run: not a config change. A plugin
+    installed or a marketplace's code changed still is."""
+    from proctor.mechanisms.config.load import builtin_agents
+    from proctor.services.job import sandbox_home
+
+    user = tmp_path / "user"
+    for rel in ("plugins/installed_plugins.json", "plugins/marketplaces/m/plugin.json",
+                "plugins/store/cc-plugin-agents-md_builtin-b049b47b3618.json"):
+        (user / ".claude" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (user / ".claude" / rel).write_text("{}")
+    copy = sandbox_home.copy_state(tmp_path / "job", user, builtin_agents()["claude"])
+    assert not isinstance(copy, str), copy
+    (tmp_path / "job" / ".claude" / write).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "job" / ".claude" / write).write_text('{"uses": 2}')
+    changed = sandbox_home.settle(copy).changed_config
+    assert bool(changed) is watched and all("store" not in c for c in changed), changed
