@@ -1,8 +1,9 @@
 """`make demo`: an offline end-to-end run on the embedded default (the `patch` adapter).
 
-Builds a throw-away repo whose test fails, then runs two real jobs through the same code path as
-`proctor run-agent`: one patch that fixes the bug (completed, validated by the host) and one that breaks it
-(failed: the host's own test run says so, whatever the patch claims). Prints both results.
+Builds a throw-away repo with a failing test (`add`) and a passing one (`mul`), then runs two real jobs
+through the same code path as `proctor run-agent`: one patch that fixes `add` (completed: the host's own run
+of the tests sees the failing test pass and nothing else change) and one that breaks `mul` (failed: a test
+that passed on the base fails now, whatever the patch claims). Prints both results.
 """
 
 from __future__ import annotations
@@ -14,19 +15,24 @@ import sys
 import tempfile
 from pathlib import Path
 
+# Each hunk keeps its blank context lines (a single space each): git apply wants context on both sides.
 FIX = """--- a/calc.py
 +++ b/calc.py
-@@ -1,2 +1,2 @@
+@@ -1,4 +1,4 @@
  def add(a, b):
 -    return a - b
 +    return a + b
+ 
+ 
 """
 BREAK = """--- a/calc.py
 +++ b/calc.py
-@@ -1,2 +1,2 @@
- def add(a, b):
--    return a - b
-+    return a * b
+@@ -3,4 +3,4 @@
+ 
+ 
+ def mul(a, b):
+-    return a * b
++    return a + b
 """
 
 
@@ -38,11 +44,13 @@ def git(*args: str, cwd: Path) -> None:
 def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="proctor-demo-"))
     print(f"demo: a throw-away repo in {root} and two offline jobs of the `patch` agent (its task is a unified "
-          "diff): one fixes the failing test, one breaks it; each takes a few seconds", file=sys.stderr, flush=True)
+          "diff): one fixes the failing test, one breaks a passing one; each takes a few seconds", file=sys.stderr,
+          flush=True)
     repo = root / "calc"
     repo.mkdir()
-    (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
-    (repo / "test_calc.py").write_text("from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n")
+    (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n")
+    (repo / "test_calc.py").write_text("from calc import add, mul\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+                                       "\n\ndef test_mul():\n    assert mul(2, 3) == 6\n")
     (repo / "pytest.ini").write_text("[pytest]\n")
     git("init", "-q", "-b", "master", cwd=repo)
     git("add", ".", cwd=repo)
@@ -68,8 +76,9 @@ def main() -> int:
             changed.append(None)
     # Both patches edit calc.py in place, same size, within the checkout's second: the host must list it.
     ok = codes == [0, 1] and changed == [["calc.py"], ["calc.py"]]
-    print(f"\ndemo {'OK' if ok else 'UNEXPECTED'}: the fix completed (exit {codes[0]}), the break failed "
-          f"validation (exit {codes[1]}); changed_files {changed}. Throw-away files are in {root}", file=sys.stderr)
+    print(f"\ndemo {'OK' if ok else 'UNEXPECTED'}: the fix completed (exit {codes[0]}), the break of a passing "
+          f"test failed validation (exit {codes[1]}); changed_files {changed}. Throw-away files are in {root}",
+          file=sys.stderr)
     return 0 if ok else 1
 
 
