@@ -403,6 +403,12 @@ class ScriptedModel:
             block = {"type": "tool_use", "id": self._new_call_id("toolu_"), "name": "Write",
                      "input": {"file_path": f"{cwd.rstrip('/')}/{self.action.name}", "content": self.action.content}}
             entry.tool_call = {"name": "Write", "input": block["input"]}
+        elif "write" in tools:  # opencode's file tool: lowercase, the path as `filePath`
+            entry.reply = "tool_call"
+            cwd = _cwd(_text_of(body.get("system")) + "\n" + _text_of(messages)) or "."
+            block = {"type": "tool_use", "id": self._new_call_id("toolu_"), "name": "write",
+                     "input": {"filePath": f"{cwd.rstrip('/')}/{self.action.name}", "content": self.action.content}}
+            entry.tool_call = {"name": "write", "input": block["input"]}
         else:
             entry.reply = "side"
             block = {"type": "text", "text": SIDE_TEXT}

@@ -49,7 +49,7 @@ ACTION = WriteFile("hello.txt", "hello from the scripted model\n")
 TASK = "Create hello.txt saying hello."
 KEY = "sk-scripted-model-test-key"
 # The developer's own endpoint, key and state variables never reach the job under test.
-FOREIGN = ("ANTHROPIC_", "CLAUDE_", "OPENAI_", "CODEX_", "GEMINI_", "GOOGLE_", "NODE_EXTRA_CA_CERTS",
+FOREIGN = ("ANTHROPIC_", "CLAUDE_", "OPENAI_", "CODEX_", "GEMINI_", "GOOGLE_", "OPENCODE_", "GROK_", "NODE_EXTRA_CA_CERTS",
            "SSL_CERT_", "HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY", "https_proxy", "http_proxy",
            "all_proxy", "no_proxy")
 
@@ -67,6 +67,7 @@ class Cli:
     result_says: str = ""  # in the tool result the CLI sends back after the write
     auth_header: str = ""
     model: str | None = None  # the adapter key `model`, when the case sets it
+    sent_model: str | None = None  # the model the CLI's requests name, when not `model` itself
 
 
 CLIS = {
@@ -83,6 +84,10 @@ CLIS = {
                   auth_header="x-api-key", model="claude-scripted-1"),
     "gemini": Cli("gemini", ".gemini", "NODE_EXTRA_CA_CERTS", "", {"GEMINI_API_KEY": KEY},
                   tool="run_shell_command", result_says="Output:", auth_header="x-goog-api-key"),
+    # `model` is opencode's "provider/model"; its anthropic provider reads ANTHROPIC_BASE_URL.
+    "opencode": Cli("opencode", ".config/opencode", "NODE_EXTRA_CA_CERTS", "/v1", {"ANTHROPIC_API_KEY": KEY},
+                    tool="write", result_says="Wrote file successfully", auth_header="x-api-key",
+                    model="anthropic/claude-sonnet-4-5", sent_model="claude-sonnet-4-5"),
 }
 
 
@@ -231,7 +236,8 @@ def test_the_models_tool_call_lands_in_the_worktree(case, tmp_path):
     assert all(q.headers.get(cli.auth_header) == "<redacted>" for q in (calls[0], finals[0])), \
         (calls[0].headers, finals[0].headers)
     if cli.model:
-        assert [q.body["model"] for q in (calls[0], finals[0])] == [cli.model, cli.model]
+        sent = cli.sent_model or cli.model
+        assert [q.body["model"] for q in (calls[0], finals[0])] == [sent, sent]
     assert not [q for q in log if q.reply.startswith("server_error")], job.model.summary()
     # The file log holds the same exchange, one JSON line a request.
     lines = [json.loads(ln) for ln in (tmp_path / "model.jsonl").read_text().splitlines()]
@@ -247,7 +253,7 @@ def test_the_models_tool_call_lands_in_the_worktree(case, tmp_path):
 
 
 @pytest.mark.realcli
-@pytest.mark.parametrize("case", ["claude", "codex", "gemini"])
+@pytest.mark.parametrize("case", ["claude", "codex", "gemini", "opencode"])
 def test_a_model_error_fails_the_job_with_the_clis_message(case, tmp_path):
     job = run_job(case, tmp_path, fail=401)
     r, why = job.result, job.explain()

@@ -63,7 +63,7 @@ BIN = CACHE / "bin"
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "install-agent-clis.sh"
 PINS = {m[1]: (m[2], m[3]) for m in re.finditer(r'^\s*"(\w+)\|([^|"]+)\|([^|"]+)"$', SCRIPT.read_text(), re.M)}
 LATEST = os.environ.get("PROCTOR_CLI_LATEST") == "1"
-CLIS = sorted(n for n in PINS if n != "opencode")  # opencode's own tests: test_real_opencode.py
+CLIS = sorted(n for n in PINS if n != "opencode")  # opencode, driven with its gate: test_gate_opencode.py
 
 DEADLINE_S = 20.0  # kill deadline for one direct run; codex never exits offline, the others take < 6 s
 DEAD_PROXY = "http://127.0.0.1:9"  # discard port: nothing listens, every request is refused at once

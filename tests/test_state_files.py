@@ -101,3 +101,34 @@ def test_claudes_plugin_usage_store_is_state_and_its_plugins_stay_watched(tmp_pa
     (tmp_path / "job" / ".claude" / write).write_text('{"uses": 2}')
     changed = sandbox_home.settle(copy).changed_config
     assert bool(changed) is watched and all("store" not in c for c in changed), changed
+
+
+def test_a_seed_goes_into_the_jobs_copy_only_where_the_user_has_none(tmp_path):
+    """opencode installs its plugin package from npm into a config dir with no node_modules (a refused
+    egress row, a risk, on every job): the job's copy is seeded with an empty one and a lock naming it. A
+    user's own lock stays as it is, and the user's home is never written."""
+    from proctor.mechanisms.config.load import builtin_agents
+    from proctor.services.job import sandbox_home
+
+    spec = builtin_agents()["opencode"]
+    bare, own = tmp_path / "bare", tmp_path / "own"
+    bare.mkdir()
+    (own / ".config" / "opencode").mkdir(parents=True)
+    (own / ".config" / "opencode" / "package-lock.json").write_text('{"mine": true}')
+    for user in (bare, own):
+        job = tmp_path / f"job-{user.name}"
+        assert not isinstance(sandbox_home.copy_state(job, user, spec), str)
+        assert (job / ".config" / "opencode" / "node_modules").is_dir()
+        lock = json.loads((job / ".config" / "opencode" / "package-lock.json").read_text())
+        assert lock == ({"mine": True} if user is own else
+                        {"lockfileVersion": 3, "packages": {"": {"dependencies": {"@opencode-ai/plugin": "*"}}}})
+    assert not (bare / ".config").exists() and not (own / ".config" / "opencode" / "node_modules").exists()
+
+
+def test_a_seed_outside_the_adapters_state_dirs_is_refused(tmp_path):
+    from proctor.mechanisms.config.load import ConfigError
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[agents.st]\ncommand = ["true"]\nstate_dirs = ["~/.st"]\nstate_seed = { "~/.bashrc" = "x" }\n')
+    with pytest.raises(ConfigError, match="state_seed entry '~/.bashrc'"):
+        load_config(cfg)

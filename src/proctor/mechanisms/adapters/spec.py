@@ -21,7 +21,7 @@ from proctor.mechanisms.confine.endpoints import parse_endpoint
 
 PLACEHOLDERS = ("{prompt}", "{prompt_file}", "{worktree}")
 # The CLIs whose hooks proctor can install (proctor.mechanisms.gatekeeper.service.DIALECTS).
-GATE_DIALECTS = ("claude", "codex", "gemini")
+GATE_DIALECTS = ("claude", "codex", "gemini", "opencode")
 _PLACEHOLDER_RE = re.compile(r"\{[a-z_]+\}")
 # A model endpoint's keys (AdapterSpec.base_url, .api_key_env, .model) as placeholders of endpoint_args/_env.
 ENDPOINT_KEYS = ("base_url", "api_key_env", "model")
@@ -75,6 +75,10 @@ class AdapterSpec(BaseModel):
     state_keep: tuple[str, ...] = ()
     state_watch: tuple[str, ...] = ()
     state_skip: tuple[str, ...] = ()
+    # `state_seed`: files (a path ending in "/": a folder) put into the job's copy when the user has none,
+    # with this text: what keeps a CLI from fetching its own set-up at every start (opencode's plugin
+    # package, which the proxy would refuse: a risk on every job). Never written to the user's own.
+    state_seed: dict[str, str] = Field(default_factory=dict)
     # retry = false: a nonzero exit is final (proctor.services.job.attempts): a `git apply` that failed fails again.
     retry: bool = True
     # Exit codes that mean the CLI cannot run as configured (gemini: 41 auth, 52 config): AGENT_MISCONFIGURED,
@@ -167,7 +171,7 @@ class AdapterSpec(BaseModel):
     @model_validator(mode="after")
     def _state_paths(self) -> AdapterSpec:
         dirs = [d.rstrip("/") for d in self.state_dirs]
-        for field_name in ("state_keep", "state_watch", "state_skip"):
+        for field_name in ("state_keep", "state_watch", "state_skip", "state_seed"):
             for entry in getattr(self, field_name):
                 path = entry.split("#", 1)[0]
                 if not path.startswith("~/") or ".." in path.split("/") or not any(

@@ -8,12 +8,12 @@ It never decides a call (the gate does) and never speaks to the socket (the hook
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from proctor.mechanisms.gatekeeper.dialect import Answer, reason, settings_path
 from proctor.mechanisms.gatekeeper.hook import HOOK_TIMEOUT_S, shell_word
+from proctor.mechanisms.gatekeeper.stream import json_events
 from proctor.mechanisms.policy.gate import CallVerdict, Decision
 from proctor.mechanisms.policy.task import Effect
 from proctor.mechanisms.validation.capped import read_capped
@@ -98,7 +98,7 @@ class ClaudeDialect:
 
     def announced(self, stdout: str) -> list[str]:
         """The tools claude says it has, deferred ones included: its `system/init` event's `tools`."""
-        return [str(t) for ev in _events(stdout, '"init"') if ev.get("type") == "system"
+        return [str(t) for ev in json_events(stdout, '"init"') if ev.get("type") == "system"
                 and ev.get("subtype") == "init" for t in ev.get("tools") or [] if isinstance(t, str)]
 
     def journal(self, home: Path) -> tuple[list[tuple[str, str]], list[str]]:
@@ -122,24 +122,9 @@ class ClaudeDialect:
         """(tool_use id, tool name) of every tool call in claude's stream-json output (an Agent sub-agent's
         too, an assistant message with `parent_tool_use_id` set) or in a transcript of its (`journal`)."""
         found = []
-        for ev in _events(stdout, '"tool_use"'):
+        for ev in json_events(stdout, '"tool_use"'):
             msg = ev.get("message") if ev.get("type") == "assistant" else None
             for part in (msg or {}).get("content") or [] if isinstance(msg, dict) else []:
                 if isinstance(part, dict) and part.get("type") == "tool_use":
                     found.append((str(part.get("id", "")), str(part.get("name", ""))))
         return found
-
-
-def _events(text: str, mark: str) -> Iterator[dict[str, Any]]:
-    """The JSON objects of the lines holding `mark`. Split on newlines only: str.splitlines also splits on
-    U+2028, which a CLI's JSON carries raw (Node's JSON.stringify), so a tool call holding one was never
-    read (issue 22)."""
-    for line in text.split("\n"):
-        if mark not in line:
-            continue
-        try:
-            ev = json.loads(line)
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(ev, dict):
-            yield ev

@@ -10,8 +10,8 @@ single ledger writer for calls: hooks run concurrently, their decisions are made
 It never runs a tool and never trusts the CLI to honour an answer: the host reconciles the CLI's own output
 stream against the calls decided here (`unmatched`), and OS confinement stays the backstop.
 
-The pieces it composes are its siblings: the dialects (claude, codex, gemini) below it, each speaking the
-`dialect` seam; `hook` (the installed client), `intake` (the socket's bounds and server), `task` (the task
+The pieces it composes are its siblings: the dialects (claude, codex, gemini, opencode) below it, each
+speaking the `dialect` seam; `hook` (the installed client), `intake` (the socket's bounds and server), `task` (the task
 decided against), `grant` (how a call is named for a person's grant) and `stream` (the CLI's output lines).
 """
 
@@ -35,6 +35,7 @@ from proctor.mechanisms.gatekeeper.gemini import GeminiDialect
 from proctor.mechanisms.gatekeeper.grant import grant_claim, held_call, input_digest
 from proctor.mechanisms.gatekeeper.hook import client_command, install_client
 from proctor.mechanisms.gatekeeper.intake import MAX_REQUEST, TURNED_AWAY, GateServer, Intake, send_answer
+from proctor.mechanisms.gatekeeper.opencode import OpencodeDialect
 from proctor.mechanisms.gatekeeper.stream import StreamLines
 from proctor.mechanisms.gatekeeper.task import measured
 from proctor.mechanisms.gatekeeper.task import row as table_row
@@ -45,7 +46,7 @@ from proctor.mechanisms.policy.trusted import Policy
 
 # Keep in step with adapters.spec.GATE_DIALECTS.
 DIALECTS: dict[str, Callable[[], Dialect]] = {"claude": ClaudeDialect, "codex": CodexDialect,
-                                              "gemini": GeminiDialect}
+                                              "gemini": GeminiDialect, "opencode": OpencodeDialect}
 
 
 @dataclass

@@ -1,8 +1,13 @@
 """A CLI's output stream as the gate service reads it: cut into whole lines of any length up to a limit,
-failing closed past it. It never parses a line (each dialect's `tool_uses` does).
+failing closed past it. It never decides what a line means (each dialect's `tool_uses` does); `json_events` reads the JSON of the
+lines that hold a mark.
 """
 
 from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
 
 # The longest line of a CLI's output stream read whole (held in the host while it comes). A CLI's own
 # lines are far shorter (its tool results are cut well below this); a longer one fails closed (BYPASS):
@@ -51,3 +56,18 @@ class StreamLines:
         text = b"".join(self._parts) if self._held <= self.limit else b""
         self._parts, self._held = [], 0
         return text
+
+
+def json_events(text: str, mark: str) -> Iterator[dict[str, Any]]:
+    """The JSON objects of the lines holding `mark`. Split on newlines only: str.splitlines also splits on
+    U+2028, which a CLI's JSON carries raw (Node's JSON.stringify), so a tool call holding one was never
+    read (issue 22)."""
+    for line in text.split("\n"):
+        if mark not in line:
+            continue
+        try:
+            ev = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(ev, dict):
+            yield ev

@@ -211,10 +211,27 @@ def copy_state(job_home: Path, home: Path, spec: AdapterSpec) -> StateCopy | str
         except OSError as exc:
             return f"the state dir {raw} of agent {spec.name!r} could not be copied for the job: {exc}"
         dirs.append(StateDir(raw, src, dst))
+    try:
+        _seed(job_home, spec.state_seed)
+    except OSError as exc:
+        return f"the state of agent {spec.name!r} could not be seeded for the job: {exc}"
     keep = {raw: _digest(_under(job_home, raw)) for raw in spec.state_keep}
     watch = _watch(job_home, spec.state_watch, spec.state_skip)
     return StateCopy(job_home, home, tuple(dirs), keep, watch, spec, budget.bytes, budget.files,
                      (time.monotonic() - start) * 1000, skipped)
+
+
+def _seed(job_home: Path, seeds: Mapping[str, str]) -> None:
+    """The adapter's `state_seed` entries the copy lacks: a folder for a path ending in "/", else a file."""
+    for raw, text in seeds.items():
+        target = _under(job_home, raw.rstrip("/"))
+        if os.path.lexists(target):
+            continue
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if raw.endswith("/"):
+            target.mkdir(mode=0o700)
+        else:
+            target.write_text(text)
 
 
 class _OverCap(Exception):
