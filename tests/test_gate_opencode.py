@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import make_repo
 from modelserver import ScriptedModel
-from test_gate_claude import declaration, gate_rows
+from test_gate_claude import gate_rows
 from test_real_cli_jobs import ACTION, BIN, CLIS, TASK, need, run_job
 
 from proctor.mechanisms.adapters.spec import Invocation, build

@@ -633,6 +633,12 @@ def test_grok_confined_reaches_its_model_through_the_egress_proxy(tmp_path, monk
         assert chats and "ok from the loopback model" in res.summary, (res.summary, res.known_risks)
         users = [m.get("content") for m in chats[0].get("messages", []) if m.get("role") == "user"]
         assert users == [PLAIN], users
+        assert "never reached its model" not in res.summary
     else:
         assert chats == [] and "Connection error" in res.summary, (res.summary, model.requests)
+        # grok exits 0 on it: the host, which saw no request pass its proxy, says what happened.
+        assert res.exit_codes and res.exit_codes[-1] == 0, res.exit_codes
+        assert (res.status, res.code) == (Status.failed, Code.AGENT_FAILED), res.summary
+        assert res.summary.startswith("the agent never reached its model: it sent no request"), res.summary
+        assert res.tests_attempted == [], res.tests_attempted  # nothing to validate: no model, no work
     assert res.confinement != "none"

@@ -70,7 +70,9 @@ def test_builtin_claude_saves_its_config_by_rename_inside_its_state_dir(repo, tm
                       'echo \'{"type":"result","is_error":false,"result":"done"}\'\n')
     claude.chmod(0o755)
     cfg = tmp_path / "c.toml"
-    cfg.write_text('confine = "required"\n')
+    # The stand-in asks no model, so it has no network: a networked CLI that sent nothing through its proxy
+    # never reached its model, and its job is AGENT_FAILED (network.never_reached).
+    cfg.write_text('confine = "required"\n[agents.claude]\nnetwork = false\negress = []\n')
     req = RunAgentRequest(agent="claude", task="t", repo=str(repo), ticket="T", validateCommand="true")
     res = run_agent(req, config=load_config(cfg))
     assert res.status is Status.completed and res.summary == "done", res

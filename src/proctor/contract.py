@@ -8,6 +8,7 @@ agent is known there) live in the host.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -19,6 +20,18 @@ TIMEOUT_DEFAULT_S = 1_200
 
 TICKET_RE = re.compile(r"[A-Za-z0-9._-]+")
 REF_RE = re.compile(r"[A-Za-z0-9._/-]+")
+
+
+@dataclass(frozen=True)
+class Requester:
+    """Who asked for a job when it is not the person at this machine: a queue signer, an MCP client. Never
+    part of a request (the request is theirs to write); the surface that checked them tells run_agent.
+    Such a job never picks the config proctor trusts (README "Who is asking"): the repo's settings come
+    from config.toml and the default branch, `branch` names a branch only, and `copy` and `registries`
+    need `privileged`, the grant `validateCommand` needs."""
+
+    name: str
+    privileged: bool = False
 
 
 class Status(StrEnum):
@@ -186,6 +199,9 @@ class RunAgentResult(BaseModel):
     job_id: str | None = Field(default=None, alias="jobId")
     branch: str | None = None
     base_ref: str | None = Field(default=None, alias="baseRef")
+    # The commit whose `.proctor.toml` the job's settings came from: the base, or for a job someone else
+    # asked for, the repo's default branch at admission (its validation and its landing use the same).
+    settings_commit: str | None = Field(default=None, alias="settingsCommit")
     mode: str | None = None
     code: Code = Code.OK
     claimed_status: str | None = None

@@ -117,6 +117,16 @@ def default_base(repo: Repo) -> Base | Failure:
     return resolve_base(repo, head.text if head.ok and head.text else "HEAD")
 
 
+def resolve_branch(repo: Repo, name: str) -> Base | Failure:
+    """The branch `name` (refs/heads/<name>) and nothing else: not a tag, a stash or a remote-tracking ref of
+    that name (git's own order puts refs/tags first)."""
+    res = git(["rev-parse", "--verify", "--quiet", "--end-of-options", f"refs/heads/{name}^{{commit}}"], cwd=repo.path)
+    if not res.ok or not res.text:
+        return Failure(f"branch {name!r} is not a branch of {repo.path} (refs/heads/{name}): a request names a "
+                       "branch, nothing else")
+    return Base(name, res.text)
+
+
 def resolve_base(repo: Repo, ref: str) -> Base | Failure:
     res = git(["rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}"], cwd=repo.path)
     if not res.ok or not res.text:

@@ -36,6 +36,7 @@ class Admitted:
     env: dict[str, str]
     pool: str
     booking: Booking
+    settings: worktree.Base  # the commit whose `.proctor.toml` the job's settings come from
 
 
 def admit(job: Job, breaker: Breaker) -> Admitted | RunAgentResult:
@@ -45,9 +46,14 @@ def admit(job: Job, breaker: Breaker) -> Admitted | RunAgentResult:
     repo = worktree.open_repo(req.repo)
     if isinstance(repo, worktree.Failure):
         return refused(req, [f"invalid request: {repo.reason}"], Code.INVALID_REQUEST, job.start)
-    base = worktree.resolve_base(repo, req.branch) if req.branch else worktree.default_base(repo)
+    base = _base(job, repo)
     if isinstance(base, worktree.Failure):
         return refused(req, [f"invalid request: {base.reason}"], Code.INVALID_REQUEST, job.start)
+    # Whose `.proctor.toml` the job trusts: the base's for the person; for anyone else the default branch's,
+    # fixed now and used for the job, its validation and its landing alike.
+    settings = base if job.trusted else worktree.default_base(repo)
+    if isinstance(settings, worktree.Failure):
+        return refused(req, [f"invalid request: {settings.reason}"], Code.INVALID_REQUEST, job.start)
     # Every dir the job keeps state in is this user's and writable by nobody else, before anything is
     # written or launched: `{repo}-agents/`, the two TMPDIRs, and the job's record dir (issue 21).
     why = record.unsafe_dirs(job.job_id) or worktree.unsafe_dirs(repo, (job.agent_tmp, job.host_tmp))
@@ -91,7 +97,19 @@ def admit(job: Job, breaker: Breaker) -> Admitted | RunAgentResult:
         out.breaker = {"pool": pool, "admitted": False, "retry_at": admission.retry_at}
         out.budget = _settle(job, booking)
         return out
-    return Admitted(repo, base, confiner, inv, env, pool, booking)
+    return Admitted(repo, base, confiner, inv, env, pool, booking, settings)
+
+
+def _base(job: Job, repo: worktree.Repo) -> worktree.Base | worktree.Failure:
+    """The request's base: the branch it names (refs/heads/<name>, which a tag or a stash of that name never
+    shadows), else, for the person only, any commit the name resolves to; no name: the default branch."""
+    name = job.request.branch
+    if not name:
+        return worktree.default_base(repo)
+    branch = worktree.resolve_branch(repo, name)
+    if isinstance(branch, worktree.Failure) and job.trusted:
+        return worktree.resolve_base(repo, name)
+    return branch
 
 
 def release(job: Job, admitted: Admitted, breaker: Breaker, result: RunAgentResult) -> None:

@@ -122,7 +122,7 @@ def confine_agent(job: Job, confiner: confine.Confiner, wt: worktree.Worktree, a
     if spec.network and confiner.name != "none":
         # The network is the adapter's declared hosts only, through a proxy the host runs: an agent with
         # the whole network reached the loopback NATS server and deleted the job stream (found in review).
-        proxy = EgressProxy(spec.egress, job.host_tmp / "egress.sock", on_decision=egress_row(job))
+        proxy = EgressProxy(spec.egress, job.host_tmp / "egress.sock", on_decision=egress_row(job, agent=True))
         try:
             job.egress = proxy.start()
         except (OSError, RuntimeError, ValueError) as exc:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from proctor.contract import RunAgentRequest
+from proctor.contract import Requester, RunAgentRequest
 from proctor.mechanisms import confine, gatekeeper
 from proctor.mechanisms.adapters.output import Backend, Usage
 from proctor.mechanisms.adapters.spec import AdapterSpec
@@ -49,6 +49,7 @@ class Job:
     state: sandbox_home.StateCopy | None = None  # settled when the agent exited (boundary.settle_state)
     egress: EgressProxy | None = None  # the host-run proxy to the adapter's declared hosts, while the agent runs
     refused_egress: dict[str, str] = field(default_factory=dict)  # host:port -> why, every proxy of the job
+    reached_egress: int = 0  # requests the agent's own proxy let through (`network.never_reached`)
     gate: gatekeeper.GateService | None = None  # the gate the agent's CLI asks before each tool call
     backend: Backend | None = None  # an HTTP status the CLI's protocol reported for the deciding run
     # The repo's keys (config over the base's .proctor.toml), read once: its setup, shares and validate.
@@ -58,6 +59,19 @@ class Job:
     # Did the agent's process start: False until the launch is tried, None while it is in flight (unknown
     # if it raised), then what the runner saw. Decides whether the job's booking is settled or released.
     launched: bool | None = False
+    requester: Requester | None = None  # who asked, when not the person at this machine
+
+    @property
+    def trusted(self) -> bool:
+        """May this job's request pick what proctor trusts (a base's settings, any commit as its base)? Only
+        the person at this machine's (README "Who is asking")."""
+        return self.requester is None
+
+    @property
+    def may_read_untracked(self) -> bool:
+        """May this job's validation see the person's untracked files and setup reach registries? The person's,
+        and a requester granted what validateCommand needs (it could read them that way anyway)."""
+        return self.requester is None or self.requester.privileged
 
     @property
     def home(self) -> Path:

@@ -11,9 +11,13 @@ from proctor.mechanisms.confine.egress import EgressProxy
 from proctor.services.job.context import Job
 
 
-def egress_row(job: Job) -> Callable[[dict], None]:
+def egress_row(job: Job, agent: bool = False) -> Callable[[dict], None]:
+    """The ledger row of each decision of a proxy of the job (`agent`: the agent's own, whose allowed
+    requests are counted for `never_reached`)."""
     def row(decision: dict) -> None:
         job.ledger.append("egress.decision", {"jobId": job.job_id, **decision}, job_id=job.job_id)
+        if decision.get("allowed") and agent:
+            job.reached_egress += 1
         if not decision.get("allowed"):
             where = f"{decision.get('host')}:{decision.get('port')}"
             job.refused_egress.setdefault(where, str(decision.get("reason") or "refused"))
@@ -28,6 +32,20 @@ def refused_egress(job: Job) -> None:
         shown = [f"{where} ({why})" for where, why in list(job.refused_egress.items())[:5]]
         more = f" (+{len(job.refused_egress) - 5} more)" if len(job.refused_egress) > 5 else ""
         job.risks.append(f"the network proxy refused requests to: {'; '.join(shown)}{more}")
+
+
+def never_reached(job: Job) -> str | None:
+    """Why the agent never reached its model, when the host can tell: its only network was its egress proxy
+    (confined, with hosts declared) and not one request of it went through. None when one did, or when the
+    agent had another way out (no confinement) or no model host to reach. A CLI that exits 0 on
+    "Connection error" (grok) read as a validation failure before (issue 40)."""
+    if job.egress is None or job.reached_egress:
+        return None
+    if job.refused_egress:
+        refused = "; ".join(list(job.refused_egress)[:5])
+        return f"the agent never reached its model: the egress proxy let no request of it through (refused: {refused})"
+    return ("the agent never reached its model: it sent no request through the egress proxy, its only network "
+            "(a client that ignores the proxy variables, or one that failed before asking)")
 
 
 def stop_egress(job: Job) -> None:

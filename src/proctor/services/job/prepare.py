@@ -56,7 +56,7 @@ def prepare(job: Job, admitted: Admitted, result: RunAgentResult) -> Prepared | 
     with ThreadPoolExecutor(1, thread_name_prefix=f"risks-{job.job_id}") as pool:
         risks = pool.submit(worktree.checkout_risks, admitted.repo, admitted.base)
         settings = pool.submit(environment.settings, job.config.repos, admitted.repo.path,
-                               admitted.repo.common_dir, admitted.base.sha)
+                               admitted.repo.common_dir, admitted.settings.sha)
         wt = worktree.create(admitted.repo, job.job_id, req.ticket, admitted.base)
         if isinstance(wt, worktree.Failure):
             result.code, result.summary = Code(wt.code) if wt.code else Code.WORKTREE_FAILED, wt.reason
@@ -69,6 +69,7 @@ def prepare(job: Job, admitted: Admitted, result: RunAgentResult) -> Prepared | 
         # to it (100,000 entries: 0.3 s of the time after the agent, off it now).
         threading.Thread(target=wt.recorded.entries, name=f"index-{job.job_id}", daemon=True).start()
     result.worktree_path, result.branch = str(wt.path), wt.branch
+    result.settings_commit = admitted.settings.sha
     job.work = wt.path.with_name(f".{wt.path.name}.work")
     # Decided on the fresh checkout of the base, before the agent runs: the agent must not pick its own test.
     plan = vplan.given(req.validate_command) if req.validate_command else vplan.detect(wt.path)
@@ -81,7 +82,7 @@ def prepare(job: Job, admitted: Admitted, result: RunAgentResult) -> Prepared | 
     job.gate = started
 
     env = dict(admitted.env)  # confine_agent takes the credentials out: the agent's alone
-    job.settings = _repo_settings(job, repo_settings)  # its `copy` files are what the agent may read of the person's
+    job.settings = _repo_settings(job, admitted, repo_settings)  # its `copy` files are what the agent may read of the person's
     cplan = confine_agent(job, admitted.confiner, wt, list(admitted.invocation.argv), env)
     if isinstance(cplan, confine.Unavailable):
         result.code, result.summary = cplan.code, cplan.reason
@@ -139,11 +140,26 @@ def setup_links(wt: worktree.Worktree) -> list[str]:
             f"({', '.join(planted[:5])}{more}): the agent could write through them to their other names"]
 
 
-def _repo_settings(job: Job, cfg: RepoSettings | str) -> RepoSettings | None:
+def _repo_settings(job: Job, admitted: Admitted, cfg: RepoSettings | str) -> RepoSettings | None:
+    """The repo's settings as the job may use them; what was left out, and why, in its risks."""
+    requester = job.requester
+    if requester is not None and admitted.settings.sha != admitted.base.sha:
+        git_dir = admitted.repo.common_dir
+        if environment.base_file(git_dir, admitted.base.sha) != environment.base_file(git_dir, admitted.settings.sha):
+            job.risks.append(f"{requester.name} named the base {admitted.base.ref!r}, whose {environment.PROCTOR_TOML} "
+                             f"differs: the repo's settings from the default branch ({admitted.settings.ref} at "
+                             f"{admitted.settings.sha[:12]}) were used (a request never picks the config proctor "
+                             "trusts)")
     if isinstance(cfg, str):
         job.risks.append(cfg)
         return None
-    return cfg
+    if job.may_read_untracked or not (cfg.copy or cfg.registries):
+        return cfg
+    what = " and ".join(f"{k} ({', '.join(v)})" for k, v in (("copy", cfg.copy), ("registries", cfg.registries)) if v)
+    job.risks.append(f"the repo's {what} not used for {requester.name if requester else 'this'} job: they need the "
+                     "privilege validateCommand needs (whatever validation can read, its requester reads in the "
+                     "output)")
+    return dataclasses.replace(cfg, copy=(), registries=())
 
 
 def _probe_version(job: Job, confiner: confine.Confiner, wt: worktree.Worktree, env: dict[str, str]) -> str | None:

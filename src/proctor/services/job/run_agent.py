@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status
+from proctor.contract import Code, Requester, RunAgentRequest, RunAgentResult, Status
 from proctor.mechanisms.config.load import ConfigError, load_config
 from proctor.mechanisms.config.model import Config
 from proctor.mechanisms.confine import cgroup
@@ -33,7 +33,7 @@ from proctor.mechanisms.policy.trusted import Policy, PolicyError
 from proctor.mechanisms.process.local import LocalRunner, ProcessRunner
 from proctor.services.job import admit, agent, gate, judge, land, prepare, record, validate
 from proctor.services.job.context import Job
-from proctor.services.job.network import refused_egress
+from proctor.services.job.network import never_reached, refused_egress
 from proctor.services.job.progress import Progress
 from proctor.services.job.record import refused
 
@@ -49,12 +49,16 @@ def run_agent(
     ledger: Ledger | None = None,
     stop: StopSwitch | None = None,
     spend: Spend | None = None,
+    requester: Requester | None = None,
 ) -> RunAgentResult:
     """Have `request.agent` do `request.task` in a new worktree of `request.repo`; never raises for a bad
     request or a misbehaving agent: every outcome is a result with a status and a code.
 
     The job is booked against the trusted policy's spend budgets (never a caller's) in `spend`'s tally;
     default: this home's SQLite tally with no lane (a queued job's runner passes the fleet's and its lane).
+
+    `requester`: who asked, when not the person at this machine (a queue signer, an MCP client): such a job
+    never picks the config proctor trusts (proctor.contract.Requester).
 
     `cancel` is polled while the agent and validation run (as is the stop switch); a reason kills the whole
     tree. Every job writes a `job.start` row before anything happens and a `job.end` row with its verdict,
@@ -79,7 +83,7 @@ def run_agent(
     job_id = job_id or record.new_job_id()
     try:
         def body(live: Progress) -> RunAgentResult:
-            return _job(request, config, runner, live, cancel, job_id, ledger, stop, start, spend)
+            return _job(request, config, runner, live, cancel, job_id, ledger, stop, start, spend, requester)
 
         result = record.recorded(request, ledger, job_id, start, progress, body)
         result.job_id = job_id
@@ -91,7 +95,7 @@ def run_agent(
 
 def _job(request: RunAgentRequest, config: Config | None, runner: ProcessRunner | None, progress: Progress,
          cancel: Callable[[], str | None] | None, job_id: str, ledger: Ledger, stop: StopSwitch | None,
-         start: float, spend: Spend | None) -> RunAgentResult:
+         start: float, spend: Spend | None, requester: Requester | None = None) -> RunAgentResult:
     """The job's state made from this machine's config and trusted policy (refused when either is
     unusable), its phases run, and its private dirs and proxies gone whatever happened."""
     try:
@@ -119,7 +123,7 @@ def _job(request: RunAgentRequest, config: Config | None, runner: ProcessRunner 
     limits = config.limits.resolve()
     job = Job(request, config, runner or LocalRunner(limits=limits), progress, cancel, job_id, start, ledger,
               stop or StopSwitch(), spec, limits, Path(tempfile.mkdtemp(prefix=f"proctor-{job_id}-")),
-              Path(tempfile.mkdtemp(prefix=f"proctor-host-{job_id}-")), governor=governor)
+              Path(tempfile.mkdtemp(prefix=f"proctor-host-{job_id}-")), governor=governor, requester=requester)
     try:
         return _phases(job, breaker)
     finally:
@@ -161,6 +165,11 @@ def _land_and_validate(job: Job, prepared: prepare.Prepared, result: RunAgentRes
     try:
         if landed is not None:
             touched = land.diff_risks(job, landed)
+            unreached = never_reached(job) if result.status is Status.completed else None
+            if unreached is not None:  # nothing to validate: what changed is the CLI's own, not the model's work
+                result.status, result.code = Status.failed, Code.AGENT_FAILED
+                result.summary = f"{unreached} ({job.spec.name} said: {result.summary[:300]})"
+                job.risks.append(unreached)
             if result.status is Status.completed:
                 dirty = True  # until validate says nothing was put in the work directory
                 dirty = validate.validate(job, prepared, landed, touched, result)

@@ -58,6 +58,7 @@ class Accepted:
     opened: Opened
     fields: dict[str, Any]
     request: RunAgentRequest | None = None  # the parsed payload of a run_agent job
+    privileged: bool = False  # the signer may set validateCommand: its job may read what validation reads
 
 
 def check_envelope(
@@ -130,4 +131,4 @@ def _check(
             Refusal.OVER_PRIVILEGED, f"signer {signer.name} may not weaken confinement to {parsed.confine!r} "
             f"(this host's is {confine!r}): that needs may_set_validate_command (RCE-equivalent)", True, f
         )
-    return Accepted(opened, f, parsed)
+    return Accepted(opened, f, parsed, signer.may_set_validate_command)

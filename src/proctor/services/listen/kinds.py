@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status
+from proctor.contract import Code, Requester, RunAgentRequest, RunAgentResult, Status
 
 CancelHook = Callable[[], str | None]
 
@@ -29,6 +29,7 @@ class AgentJob:
     delivery: int
     request: RunAgentRequest
     lane: str | None = None  # the lane it came on: part of the pool its spend budgets are kept for
+    requester: Requester | None = None  # its signer: a job someone else asked for (proctor.contract.Requester)
 
 
 class KindRunner(Protocol):
@@ -75,6 +76,8 @@ class ProcessAgentRunner:
             "config": str(self.config_path) if self.config_path else None,
             "lane": job.lane,
             "tally": self.tally,
+            "requester": ({"name": job.requester.name, "privileged": job.requester.privileged}
+                          if job.requester is not None else None),
         }
         proc.stdin.write(json.dumps(start).encode() + b"\n")
         await proc.stdin.drain()

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from proctor.contract import Code, RunAgentResult, Status
+from proctor.contract import Code, Requester, RunAgentResult, Status
 from proctor.mechanisms.queue.backend import Delivery, QueueBackend, answer_key, check_name, record_key, valid_job_id
 from proctor.mechanisms.queue.envelope import Signer
 from proctor.mechanisms.queue.results import seal_result
@@ -349,7 +349,8 @@ class Listener:
         begun: list[bool] = []
         marked = asyncio.create_task(self._mark_running(key, json.dumps(
             {"host": s.host, "lane": lane, "delivery": d.delivery, "startedAt": started}).encode(), begun))
-        job = AgentJob(job_id, d.delivery, accepted.request, lane) if accepted.request else None
+        signer = Requester(f"queue:{accepted.opened.kid}", accepted.privileged)
+        job = AgentJob(job_id, d.delivery, accepted.request, lane, signer) if accepted.request else None
         work = asyncio.create_task(self.runners[kind].run(job, f["payload"], lease.get))
         keeper = asyncio.create_task(keep(
             lease, d, work, ack_wait_s=s.ack_wait_s, heartbeat_s=s.heartbeat_s, lease_margin=s.lease_margin,

@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from proctor.contract import RunAgentRequest
+from proctor.contract import Requester, RunAgentRequest
 from proctor.mechanisms.queue.store import JobStore, Owner
 
 if TYPE_CHECKING:
@@ -75,8 +75,11 @@ def main() -> int:
     threading.Thread(target=_watch_control, args=(reason,), daemon=True).start()
     request = RunAgentRequest.model_validate(start["request"])
     config = load_config(start["config"]) if start.get("config") else None
+    asked = start.get("requester")
+    # A listener's job is always someone else's: without a signer named, the least privileged one.
+    requester = Requester(str(asked["name"]), bool(asked.get("privileged"))) if asked else Requester("queue:?")
     result = run_agent(request, config=config, cancel=reason.get, job_id=start["attemptId"],
-                       spend=_spend(start, config))
+                       spend=_spend(start, config), requester=requester)
     result.job_id = start["jobId"]
     store.record_attempt(
         start["jobId"], int(start["delivery"]), worktree=result.worktree_path,

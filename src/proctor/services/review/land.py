@@ -465,7 +465,8 @@ def _crossed(objs: JobObjects, job: Job, config: Config | None) -> list[tuple[st
             config = load_config()
         except ConfigError:
             config = None  # the base's `.proctor.toml` still names its scripts
-    cfg = environment.settings(config.repos if config is not None else None, objs.repo.path, objs.git_dir, objs.base)
+    used = str((job.record.result or {}).get("settingsCommit") or objs.base)  # the job's own settings' commit
+    cfg = environment.settings(config.repos if config is not None else None, objs.repo.path, objs.git_dir, used)
     cfg = cfg if isinstance(cfg, RepoSettings) else None
     commands = [c for c in (command or (cfg.validate if cfg else None), *(cfg.setup if cfg else ())) if c]
     return trustline.crossing(changed, trustline.hooks_path(objs.repo.path), sorted(recipe.named_paths(commands)),

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proctor.contract import Code as JobCode
-from proctor.contract import RunAgentRequest, RunAgentResult, Status
+from proctor.contract import Requester, RunAgentRequest, RunAgentResult, Status
 from proctor.mechanisms.config.load import load_config
 from proctor.mechanisms.config.model import Config
 from proctor.mechanisms.process.spawn import Watch
@@ -134,7 +134,8 @@ class Jobs:
     def config(self) -> Config:
         return load_config(self.config_file)
 
-    def start(self, request: RunAgentRequest, config: Config, admitted: Callable[[str], None]) -> LiveJob:
+    def start(self, request: RunAgentRequest, config: Config, admitted: Callable[[str], None],
+              requester: Requester | None = None) -> LiveJob:
         """Start a job unless the server is closing or full; `admitted(job_id)` runs first (the ledger row:
         when it raises, nothing starts)."""
         job = LiveJob(new_job_id(), request)
@@ -147,14 +148,15 @@ class Jobs:
                               f"{self.max_jobs}); wait for one with job_result")
             admitted(job.job_id)
             self._jobs[job.job_id] = job
-        job.thread = threading.Thread(target=self._run, args=(job, config), name=f"job-{job.job_id}", daemon=True)
+        job.thread = threading.Thread(target=self._run, args=(job, config, requester), name=f"job-{job.job_id}",
+                                      daemon=True)
         job.thread.start()
         return job
 
-    def _run(self, job: LiveJob, config: Config) -> None:
+    def _run(self, job: LiveJob, config: Config, requester: Requester | None) -> None:
         try:
             job.result = run_agent(job.request, config=config, progress=job.progress, cancel=job.cancel,
-                                   job_id=job.job_id)
+                                   job_id=job.job_id, requester=requester)
         except BaseException as exc:
             log.exception("job %s: the host raised", job.job_id)
             job.result = RunAgentResult(status=Status.failed, summary=f"the host failed: {exc}",

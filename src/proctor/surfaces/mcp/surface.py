@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from proctor.contract import Code as JobCode
-from proctor.contract import RunAgentRequest
+from proctor.contract import Requester, RunAgentRequest
 from proctor.mechanisms.config.load import ConfigError
 from proctor.mechanisms.config.model import Config
 from proctor.mechanisms.ledger.store import Ledger
@@ -99,7 +99,8 @@ class Surface:
             try:
                 config = self.jobs.config()
                 self._capped(request, config)
-                job = self.jobs.start(request, config, admitted)
+                job = self.jobs.start(request, config, admitted,
+                                      Requester(f"mcp:{self.client}", self.grants.may_set_validate_command))
             except ConfigError as exc:
                 jobs_mod.note(ledger, "mcp.run_agent", {"ok": False, "code": JobCode.CONFIG_INVALID.value, **row})
                 raise Refusal(JobCode.CONFIG_INVALID.value, str(exc)) from exc
