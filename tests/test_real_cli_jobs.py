@@ -167,7 +167,7 @@ def launch(cli, repo: Path, config: Path, model, proctor_home: Path, extra: tupl
 
 def run_job(case: str, tmp_path: Path, fail: int | None = None, extra: tuple[str, ...] = (),
             files: dict[str, str] | None = None, model_type: type[ScriptedModel] = ScriptedModel,
-            overlay: str = "") -> Job:
+            overlay: str = "", action: WriteFile = ACTION) -> Job:
     """One `proctor run-agent` of the real CLI against a `model_type` model; `overlay`, more lines for the
     agent's table in the user's config.toml."""
     cli = CLIS[case]
@@ -179,7 +179,7 @@ def run_job(case: str, tmp_path: Path, fail: int | None = None, extra: tuple[str
                                 "test_main.py": "def test_main():\n    assert True\n", **(files or {})})
     home = Path(os.environ["HOME"])  # the test's own (conftest): the agent's HOME and its state dirs
     proctor_home = Path(os.environ["PROCTOR_HOME"])
-    model = model_type(tmp_path / "model", ACTION, fail=fail, log_file=tmp_path / "model.jsonl")
+    model = model_type(tmp_path / "model", action, fail=fail, log_file=tmp_path / "model.jsonl")
     state = home / cli.state
     state.mkdir(parents=True, exist_ok=True)
     shutil.copy(model.ca_file, state / "scripted-model-ca.pem")
@@ -250,6 +250,35 @@ def test_the_models_tool_call_lands_in_the_worktree(case, tmp_path):
     # ... and the CLI tried nothing else, not even to be refused: its telemetry, analytics and update checks
     # are off (builtin.toml; before, codex tried ab.chatgpt.com and gemini play.googleapis.com every job).
     assert [d for d in decisions if not d["allowed"]] == [], decisions
+
+
+# One test fails on the base (no hello.txt yet), one passes there and checks any hello.txt is right: the
+# model's write is the fix, or, with other content, a wrong edit that breaks the second. Judged on each test's
+# outcome against the base's run, never on the agent's word.
+FAILING_TEST = {"test_main.py": "import os\n\ndef test_hello():\n    with open('hello.txt') as f:\n"
+                                f"        assert f.read() == {ACTION.content!r}\n\n"
+                                "def test_any_hello_is_right():\n    if os.path.exists('hello.txt'):\n"
+                                "        with open('hello.txt') as f:\n"
+                                f"            assert f.read() == {ACTION.content!r}\n"}
+
+
+@pytest.mark.realcli
+@pytest.mark.parametrize("case", ["claude", "codex", "gemini", "opencode"])
+@pytest.mark.parametrize("right", [True, False], ids=["fix", "wrong-edit"])
+def test_the_clis_fix_of_a_failing_test_passes_and_a_wrong_edit_fails_validation(case, tmp_path, right):
+    action = ACTION if right else WriteFile(ACTION.name, "not what the test wants\n")
+    job = run_job(case, tmp_path, files=FAILING_TEST, action=action)
+    r, why = job.result, job.explain()
+    assert r["changed_files"] == [ACTION.name], why
+    assert r["baseline"] and r["baseline"]["steps"][0]["failing"] == 1, r["baseline"]
+    compared = r["validation"][-1]["compared"]
+    if right:
+        assert (r["status"], r["code"], r["needs_human_review"]) == ("completed", "OK", False), why
+        assert compared["fixed"] == ["test_main.py::test_hello"] and compared["broken"] == [], compared
+    else:
+        assert (r["status"], r["code"], r["needs_human_review"]) == ("failed", "VALIDATION_FAILED", True), why
+        assert compared["broken"] == ["test_main.py::test_any_hello_is_right"], compared
+        assert compared["fixed"] == [] and r["summary"] == FINAL_TEXT, (compared, why)  # its word, not the verdict
 
 
 @pytest.mark.realcli
