@@ -43,6 +43,7 @@ class Code(StrEnum):
     CHECKOUT_WOULD_LOSE = "CHECKOUT_WOULD_LOSE"  # landing would overwrite or remove an untracked/ignored file
     UNSAFE_DIRECTORY = "UNSAFE_DIRECTORY"  # `{repo}-agents/` is another user's or writable by others
     TRUST_LINE = "TRUST_LINE"  # the job changes what runs or is obeyed outside the tests: --allow-trust-line
+    NOT_AS_SHOWN = "NOT_AS_SHOWN"  # the review page did not show exactly what would land (a cut, or a changed diff)
 
 
 @dataclass

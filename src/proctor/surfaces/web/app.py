@@ -50,7 +50,7 @@ from proctor.mechanisms.ledger.store import Ledger
 from proctor.services.review import gc as gc_mod
 from proctor.services.review import jobs as jobs_mod
 from proctor.services.review import land as land_mod
-from proctor.services.review.outcome import Outcome
+from proctor.services.review.outcome import Code, Outcome
 from proctor.mechanisms.terminal import visible
 from proctor.surfaces.web import patch, views
 from proctor.surfaces.web.access import COOKIE, Access, Failures
@@ -282,6 +282,15 @@ def routes(site: Site) -> APIRouter:
                                 status_code=303, headers=HEADERS)
 
     def do_land(ledger: Ledger, job: jobs_mod.Job, form: dict[str, str]) -> Outcome:
+        # What lands is what the person saw: the whole patch, the very one the page was made from.
+        now = views.diff_view(job)
+        if not now.digest or form.get("shown") != now.digest:
+            why = ("the page does not show all of this job's diff (a line, file or part of one is cut): read it "
+                   "with `proctor diff`, then `proctor land`" if not now.digest else
+                   "the diff is not the one this page showed: reload the page and read it again")
+            jobs_mod.note(ledger, "review.land", {"ok": False, "code": "NOT_AS_SHOWN", "jobId": job.job_id,
+                                                  "via": "web", "reason": why}, job.job_id)
+            return Outcome(Code.NOT_AS_SHOWN, why)
         mode = form.get("mode", "auto")
         if mode not in MODES:
             mode = "auto"

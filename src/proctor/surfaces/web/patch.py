@@ -44,6 +44,7 @@ class Line:
     old: int | None
     new: int | None
     html: Markup
+    cut: str = ""  # what of this line is not shown, said on the line itself ("" when all of it is)
 
 
 @dataclass
@@ -64,6 +65,24 @@ class Page:
     files: list[FileDiff]
     cut_files: int  # files not shown at all (the page limit)
     cut_names: list[str] = field(default_factory=list)  # the first CUT_NAMES of them
+
+    @property
+    def whole(self) -> bool:
+        """Every byte of the patch is on the page: no file, line or part of a line cut. Only then may the page
+        land it (what a person saw is what lands: `proctor land` after `proctor diff` otherwise)."""
+        return not self.cut_files and not any(f.cut or f.cut_bytes or any(ln.cut for ln in f.lines)
+                                              for f in self.files)
+
+
+def line_cut(text: str, size: int) -> str:
+    """What of a line of `size` bytes, decoded as `text`, the page does not show past MAX_LINE_CHARS: said in
+    characters when all of it was decoded, else in bytes (a line past the decode window is never decoded
+    whole). "" when nothing is cut. A cut line ending in blanks and `; curl ... | sh` looked whole (issue 41)."""
+    if size > 4 * MAX_LINE_CHARS:
+        return f"this line is {size:,} bytes; its first {MAX_LINE_CHARS:,} characters are shown"
+    if len(text) > MAX_LINE_CHARS:
+        return f"{len(text) - MAX_LINE_CHARS:,} more characters of this line are not shown"
+    return ""
 
 
 def _path_from_header(header: str) -> str:
@@ -158,11 +177,11 @@ def _hunk_start(line: str) -> tuple[int, int]:
         return 0, 0
 
 
-def _rows(data: bytes, most_lines: int, most_bytes: int) -> tuple[list[str], int]:
+def _rows(data: bytes, most_lines: int, most_bytes: int) -> tuple[list[tuple[str, int]], int]:
     """The first rows of `data` shown (at most `most_lines`, as many as fit `most_bytes` with each line cut at
-    MAX_LINE_CHARS), decoded one by one, and how many bytes of `data` they took. Lazy on purpose: a 39 MB file
-    is never decoded or split whole, only the part the page shows."""
-    rows: list[str] = []
+    MAX_LINE_CHARS), decoded one by one with each row's whole size in bytes, and how many bytes of `data`
+    they took. Lazy on purpose: a 39 MB file is never decoded or split whole, only the part the page shows."""
+    rows: list[tuple[str, int]] = []
     pos = size = 0
     while pos < len(data) and len(rows) < most_lines:
         end = data.find(b"\n", pos)
@@ -171,7 +190,7 @@ def _rows(data: bytes, most_lines: int, most_bytes: int) -> tuple[list[str], int
         size += min(len(text), MAX_LINE_CHARS) + 1
         if size > most_bytes:
             break
-        rows.append(text)
+        rows.append((text, end - pos))
         pos = end + 1
     return rows, min(pos, len(data))
 
@@ -202,13 +221,15 @@ def _file(section: bytes, budget: int, byte_budget: int = MAX_PAGE_BYTES, colour
         elif m.startswith("+++ b/"):
             path = m[len("+++ b/"):]
     fd = FileDiff(header, path, _status(meta))
-    fd.lines.extend(Line("meta", None, None, reveal(escape(m[:MAX_LINE_CHARS]))) for m in meta
-                    if not m.startswith(("--- ", "+++ ", "index ")))
+    fd.lines.extend(Line("meta", None, None, reveal(escape(m[:MAX_LINE_CHARS])), line_cut(m, len(m.encode())))
+                    for m in meta if not m.startswith(("--- ", "+++ ", "index ")))
     lexer = _lexer(path)
     # Counted in C over the bytes: a row is a line of the hunks; the first is an `@@` line, never + or -.
     fd.added, fd.removed = data.count(b"\n+"), data.count(b"\n-")
     total = data.count(b"\n") + 1 if data else 0
-    shown, used = _rows(data, min(MAX_FILE_LINES, budget), min(MAX_FILE_BYTES, byte_budget))
+    rows, used = _rows(data, min(MAX_FILE_LINES, budget), min(MAX_FILE_BYTES, byte_budget))
+    shown = [r for r, _ in rows]
+    cuts = [line_cut(r, n) for r, n in rows]
     fd.cut, fd.cut_bytes = total - len(shown), len(data) - used
     fd.shown_bytes = sum(min(len(r), MAX_LINE_CHARS) + 1 for r in shown)
     # Hunk by hunk: the header line, then its lines coloured together.
@@ -218,24 +239,24 @@ def _file(section: bytes, budget: int, byte_budget: int = MAX_PAGE_BYTES, colour
             j += 1
             continue
         old, new = _hunk_start(shown[j])
-        fd.lines.append(Line("hunk", None, None, reveal(escape(shown[j][:MAX_LINE_CHARS]))))
+        fd.lines.append(Line("hunk", None, None, reveal(escape(shown[j][:MAX_LINE_CHARS])), cuts[j]))
         k = j + 1
         while k < len(shown) and not shown[k].startswith("@@"):
             k += 1
         hunk = shown[j + 1:k]
         texts = [h[1:MAX_LINE_CHARS] for h in hunk]
-        for h, html in zip(hunk, _colour(texts, lexer, colour), strict=True):
+        for h, cut, html in zip(hunk, cuts[j + 1:k], _colour(texts, lexer, colour), strict=True):
             mark = h[:1]
             if mark == "+":
-                fd.lines.append(Line("add", None, new, html))
+                fd.lines.append(Line("add", None, new, html, cut))
                 new += 1
             elif mark == "-":
-                fd.lines.append(Line("del", old, None, html))
+                fd.lines.append(Line("del", old, None, html, cut))
                 old += 1
             elif mark == "\\":  # "\ No newline at end of file"
-                fd.lines.append(Line("meta", None, None, reveal(escape(h[:MAX_LINE_CHARS]))))
+                fd.lines.append(Line("meta", None, None, reveal(escape(h[:MAX_LINE_CHARS])), cut))
             else:
-                fd.lines.append(Line("ctx", old, new, html))
+                fd.lines.append(Line("ctx", old, new, html, cut))
                 old, new = old + 1, new + 1
         j = k
     return fd

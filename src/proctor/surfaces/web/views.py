@@ -9,6 +9,8 @@ autoescape it, and the live stream's rows go through `shown_rows` (the same func
 
 from __future__ import annotations
 
+import hashlib
+
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +107,13 @@ class DiffView:
     page: patch.Page | None
     stat: str
     refused: str | None  # why there is no diff (no commit yet, objects gone, ...)
+    # sha256 of the patch the page was made from, when the page shows all of it: the land form carries it,
+    # and the page lands only that patch (`shown_digest`). "" when something was cut: no landing from here.
+    digest: str = ""
+
+
+def shown_digest(patch_bytes: bytes) -> str:
+    return hashlib.sha256(patch_bytes).hexdigest()
 
 
 def diff_view(job: jobs_mod.Job) -> DiffView:
@@ -115,7 +124,8 @@ def diff_view(job: jobs_mod.Job) -> DiffView:
     if isinstance(got, Outcome):
         return DiffView(None, "", f"{got.code.value}: {got.reason}")
     assert isinstance(got, Diff)
-    return DiffView(patch.split(got.patch), got.stat, None)
+    page = patch.split(got.patch)
+    return DiffView(page, got.stat, None, shown_digest(got.patch) if page.whole else "")
 
 
 def _payload_text(payload: dict[str, Any]) -> str:
