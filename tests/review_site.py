@@ -1,5 +1,5 @@
 """A real `proctor serve --no-queue` for the review page's tests: a subprocess on a free loopback port, with
-this test's PROCTOR_HOME and PATH (fake agent CLIs), and its sign-in address (a one-time code) read from its
+this test's PROCTOR_HOME and PATH (fake agent CLIs), and its sign-in address and one-time code read from its
 stderr. The page lives under its secret path, `prefix` (/review/<scope>): a client signs in with the token
 in a POST body, as a person pasting it would."""
 
@@ -35,6 +35,7 @@ class Server:
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy())
         self.err: list[str] = []
         self.login_url = ""
+        self.code = ""  # the one-time sign-in code, typed into the page (never in an address)
         got = threading.Event()
 
         def read() -> None:
@@ -42,9 +43,9 @@ class Server:
             for raw in self.proc.stderr:
                 line = raw.decode("utf-8", "replace")
                 self.err.append(line)
-                m = re.search(r"review page: (http://\S+)", line)  # printed once the socket listens
+                m = re.search(r"review page: (http://\S+)\s+sign-in code: (\S+)", line)  # once the socket listens
                 if m:
-                    self.login_url = m.group(1)
+                    self.login_url, self.code = m.group(1), m.group(2)
                     got.set()
 
         threading.Thread(target=read, daemon=True).start()

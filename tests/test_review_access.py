@@ -84,7 +84,7 @@ def test_the_session_cookie_never_reaches_another_users_server_on_another_port(o
     profile = tmp_path / "chromium-profile"
     scope = Access(server.token).scope
     secrets_shown = {"token": server.token, "scope": scope, "session": Access(server.token).session,
-                     "code": server.login_url.rsplit("code=", 1)[1]}
+                     "code": server.code}
     try:
         with sync_playwright() as p:
             ctx = p.chromium.launch_persistent_context(str(profile), executable_path=chromium(),
@@ -92,8 +92,11 @@ def test_the_session_cookie_never_reaches_another_users_server_on_another_port(o
             page = ctx.new_page()
             page.set_default_timeout(30_000)
             page.goto(server.login_url)
+            page.fill("#code", server.code)
+            page.click("#sign-in-code")
+            page.wait_for_url(server.url())
             assert page.url == server.url(), page.url
-            assert any(c["name"] == "proctor_review" for c in ctx.cookies())
+            assert [c["name"] for c in ctx.cookies()] == [Access(server.token).cookie]
             # The bidi file name and task as text, in the diff, the changed files and the list (rendered).
             page.goto(server.url(f"/jobs/{job}"))
             assert "notes\\u202etxt.sh" in page.locator("#diff summary .path").first.inner_text()
@@ -118,15 +121,15 @@ def test_the_session_cookie_never_reaches_another_users_server_on_another_port(o
     assert len(seen) >= 13 and "probe-" + scope[:6] in log, "the control: a /review cookie reaches her port"
     for what, value in secrets_shown.items():
         assert value not in log, f"her server received the {what}"
-    # History: the sign-in address is there (the control that this is the right database), with a spent code.
+    # History: the sign-in address is there (the control that this is the right database), with no code.
     history = profile / "Default" / "History"
     assert history.is_file()
     copy = tmp_path / "History.copy"
     shutil.copyfile(history, copy)
     with sqlite3.connect(copy) as db:
         urls = [u for (u,) in db.execute("SELECT url FROM urls")]
-    assert any("/review/login?code=" in u for u in urls), urls
-    assert not any(server.token in u for u in urls), "the token is in the browser's history"
+    assert any(u.endswith("/review/login") for u in urls), urls
+    assert not any(server.token in u or server.code in u for u in urls), "a credential is in the browser's history"
     shutil.rmtree(profile, ignore_errors=True)
 
 
@@ -140,7 +143,7 @@ def test_a_taken_port_is_a_clear_error_and_nothing_is_printed_before_the_socket_
     assert p.returncode == 2, p.stderr
     assert f"cannot listen on 127.0.0.1:{her.port}" in p.stderr and "taken" in p.stderr, p.stderr
     token = (Path(os.environ["PROCTOR_HOME"]) / "review-token").read_text().strip()
-    assert "review page" not in p.stderr and "code=" not in p.stderr and token not in p.stderr + p.stdout
+    assert "review page" not in p.stderr and "sign-in code" not in p.stderr and token not in p.stderr + p.stdout
     assert seen == []  # nobody was sent to her
     # The control: on a free port the address comes once the socket listens, and it answers at once.
     server = Server()
@@ -199,7 +202,7 @@ def test_a_sign_in_flood_is_limited_and_leaves_one_row_a_window(tmp_path):
     with Ledger.default() as led:
         rows = [r.payload for r in led.rows(kind="review.web.login")]
     failed = [r for r in rows if not r["ok"]]
-    assert failed == [{"ok": False, "client": "127.0.0.1", "failures": 300, "refused": 290, "windowS": 60.0,
+    assert failed == [{"ok": False, "client": "every client", "failures": 300, "refused": 290, "windowS": 60.0,
                        "limit": 10}], rows
     assert [r for r in rows if r["ok"]] == [{"ok": True, "via": "token", "client": "127.0.0.1"}]
     print(f"sign-in flood: 301 attempts in {took:.1f} s, {len(failed)} ledger row for the failures")

@@ -64,6 +64,9 @@ def page(browser, server):
     pg.errors = []  # type: ignore[attr-defined]
     pg.on("pageerror", lambda e: pg.errors.append(str(e)))  # type: ignore[attr-defined]
     pg.goto(server.login_url)
+    pg.fill("#code", server.code)
+    pg.click("#sign-in-code")
+    pg.wait_for_url(server.url())
     assert pg.url == server.url()
     yield pg
     ctx.close()

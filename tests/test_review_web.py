@@ -62,14 +62,17 @@ def test_the_page_needs_this_installs_token_and_the_cookie_is_scoped_to_its_secr
     # A token in a URL is refused without a look: it would stay in the history.
     r = anon.get(f"/review/login?token={server.token}")
     assert r.status_code == 400 and "set-cookie" not in r.headers
-    # The control: the printed one-time code signs in, once, with a cookie scoped to the secret path.
-    r = anon.get(server.login_url.removeprefix(server.base))
+    # The control: the printed one-time code, typed into the page, signs in, once, with a cookie scoped to
+    # the secret path and named after the token.
+    assert server.login_url == f"{server.base}/review/login" and "code" not in server.login_url
+    r = anon.post("/review/login", data={"code": server.code})
     assert r.status_code == 303 and r.headers["location"] == f"/review/{scope}"
     cookie = r.headers["set-cookie"].lower()
     assert "httponly" in cookie and "samesite=strict" in cookie and f"path=/review/{scope};" in cookie
+    assert cookie.startswith(Access(server.token).cookie.lower() + "=") and "proctor_review=" not in cookie
     assert server.token not in r.headers["set-cookie"], "the cookie must not carry the login token itself"
     assert anon.get(f"/review/{scope}").status_code == 200
-    again = server.client(signed_in=False).get(server.login_url.removeprefix(server.base))
+    again = server.client(signed_in=False).post("/review/login", data={"code": server.code})
     assert again.status_code == 401, "a spent code signs nobody in"
     # The token in a POST body does too, and a script may send it as a bearer.
     assert server.client(signed_in=False).post("/review/login", data={"token": server.token}).status_code == 303
@@ -81,7 +84,43 @@ def test_the_page_needs_this_installs_token_and_the_cookie_is_scoped_to_its_secr
     assert logins == [(True, "code"), (True, "token")], logins  # the failures: one summary row, at the end
     server.stop()
     summary = [r.payload for r in rows("review.web.login") if not r.payload["ok"]]
-    assert len(summary) == 1 and summary[0]["failures"] == 2 and summary[0]["client"] == "127.0.0.1", summary
+    assert len(summary) == 1 and summary[0]["failures"] == 2 and summary[0]["client"] == "every client", summary
+
+
+def test_a_code_in_an_address_is_spent_and_signs_nobody_in(server):
+    """issue 41: opened as `chromium URL`, the code sat in /proc/PID/cmdline for every local user, one of whom
+    spent it first. A code never signs in from an address: it is spent there, so a copy read from a command
+    line is dead too (control: the same code typed into the page signs in, above)."""
+    anon = server.client(signed_in=False)
+    r = anon.get(f"/review/login?code={server.code}")
+    assert r.status_code == 400 and "set-cookie" not in r.headers and "never goes in an address" in r.text
+    assert anon.post("/review/login", data={"code": server.code}).status_code == 401
+
+
+def test_a_planted_cookie_locks_nobody_out_and_a_doubled_one_signs_nobody_in(server):
+    """Another user's page on another loopback port set `proctor_review=x; Path=/`: the browser sent it after
+    the real cookie, the server kept the last, and the person was locked out for a year. The name is now the
+    token's own (she cannot name it); a request naming it twice is refused, whatever the values."""
+    c = server.client()
+    scope, name = Access(server.token).scope, Access(server.token).cookie
+    session = c.cookies.get(name)
+    assert session, dict(c.cookies)
+    page = f"{server.base}/review/{scope}"
+    assert httpx.get(page, headers={"cookie": f"{name}={session}"}).status_code == 200  # the control
+    assert httpx.get(page, headers={"cookie": f"{name}={session}; proctor_review=x"}).status_code == 200
+    assert httpx.get(page, headers={"cookie": f"proctor_review=x; {name}={session}"}).status_code == 200
+    assert httpx.get(page, headers={"cookie": f"{name}={session}; {name}=x"}).status_code == 401
+    assert httpx.get(page, headers={"cookie": f"{name}={session}; {name}={session}"}).status_code == 401
+
+
+def test_failed_sign_ins_are_limited_for_every_client_and_no_forwarded_header_is_believed(server):
+    """2,000 wrong tokens from 127.x.y.z addresses or new X-Forwarded-For values never met a per-address
+    limit. Now the eleventh failure in a window is a 429 whoever sends it; the right token still signs in."""
+    anon = server.client(signed_in=False)
+    codes = [anon.post("/review/login", data={"token": f"guess-{i}"},
+                       headers={"x-forwarded-for": f"10.0.0.{i}"}).status_code for i in range(12)]
+    assert codes == [401] * 10 + [429] * 2, codes
+    assert anon.post("/review/login", data={"token": server.token}).status_code == 303
 
 
 def test_a_token_file_others_can_read_is_refused_with_a_clear_error():

@@ -335,6 +335,8 @@ def server_config(app: Any, host: str, port: int, limits: HttpLimits | None = No
         "host": host, "port": port, "log_level": "warning", "http": protocol_for(limits), "ws": "none",
         "timeout_keep_alive": limits.keep_alive_s, "h11_max_incomplete_event_size": limits.max_header_bytes,
         "server_header": False, "backlog": 2048,
+        # No proxy header is believed: from loopback, uvicorn's default took X-Forwarded-For as the client.
+        "proxy_headers": False,
     }
     options.update(over)
     return uvicorn.Config(app, **options)

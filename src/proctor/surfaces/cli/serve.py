@@ -78,6 +78,9 @@ def serve_cmd(bind: str, port: int, allow_hosts: tuple[str, ...], no_queue: bool
     port = sock.getsockname()[1]
     shown = f"[{bind}]" if ":" in bind else ("127.0.0.1" if bind in ("", "0.0.0.0") else bind)
     click.echo(f"proctor: listening on {shown}:{port}", err=True)
-    click.echo(f"proctor: review page: http://{shown}:{port}{PREFIX}/login?code={access.new_code()} "
-               "(one use, 15 minutes; after that, sign in with the token in $PROCTOR_HOME/review-token)", err=True)
+    # The code is typed into the page, never put in the address: a URL opened the usual way sits in the
+    # browser's command line, readable by every local user (proctor.surfaces.web.access).
+    click.echo(f"proctor: review page: http://{shown}:{port}{PREFIX}/login  sign-in code: {access.new_code()} "
+               "(type it into the page: one use, 15 minutes; after that, the token in $PROCTOR_HOME/review-token)",
+               err=True)
     uvicorn.Server(server_config(app, bind, port, limits, timeout_graceful_shutdown=5)).run(sockets=[sock])

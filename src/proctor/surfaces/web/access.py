@@ -12,9 +12,12 @@ landed a job. So the page lives under `/review/<scope>`, scope = HMAC(token, "sc
 the token (or the signed-in browser's own profile) knows it. A per-port cookie name would not do (every port
 still gets every cookie), nor a per-install loopback address (any local user may bind it on another port).
 
-    GET  /review/login?code=C   a one-time code `proctor serve` printed once its socket was listening: the
-                                cookie, then a redirect to /review/<scope>; the code is spent, so the
-                                address left in the browser's history is worth nothing
+    POST /review/login          code=C (a form): a one-time code `proctor serve` printed once its socket
+                                was listening, which the person types into the page: the cookie, then a
+                                redirect to /review/<scope>. Never in an address: opened the usual way
+                                (`xdg-open` -> `chromium URL`) a URL sits in the browser's command line,
+                                which every local user reads in /proc (measured: a second user spent the
+                                code first). A GET with ?code= spends the code and signs nobody in.
     POST /review/login          token=T (a form): the same, for a person who has the token file; the
                                 token never goes in a URL (a GET with ?token= is refused unread)
     Authorization: Bearer T     the same, for a script (no cookie)
@@ -22,11 +25,18 @@ still gets every cookie), nor a per-install loopback address (any local user may
                                 compared in constant time; the request guard has already refused a foreign
                                 Origin, and SameSite=Strict keeps the cookie off every cross-site request
 
-Failed sign-ins are counted per client address: past FAILS_PER_WINDOW in a window each is answered 429
-(Retry-After) instead of a page, and each window with a failure leaves one summary row, not a row an attempt
-(measured before: 300 rows in 2.6 s). The right credential always signs in: every local user shares the
-address 127.0.0.1, so a limit that also refused it would let any of them lock the reviewer out (a 256-bit
-token is not guessed in any number of tries; the limit is about the cost of answering and recording).
+The cookie's name is derived from the token too (`proctor_review_<HMAC>`): another local user's page on
+another loopback port set `proctor_review=x; Path=/`, the browser sent it after the real one, the server
+kept the last value, and the person was locked out for the cookie's year. She cannot name this one, and a
+request carrying the name twice is refused whatever the values.
+
+Failed sign-ins are counted for every client together, not per address: any local user sends from any
+127.x.y.z (and a proxy header is never trusted: `server_config`), so 2,000 wrong tokens never met a
+per-address limit. Past FAILS_PER_WINDOW in a window each is answered 429 (Retry-After) instead of a page,
+and each window with a failure leaves one summary row, not a row an attempt (measured before: 300 rows in
+2.6 s). The right credential always signs in, flood or not: a limit that also refused it would let anyone
+lock the reviewer out (a 256-bit token is not guessed in any number of tries; the limit is about the cost
+of answering and recording).
 It never decides what a verb may do (proctor.services.review does).
 """
 
@@ -54,7 +64,8 @@ SECURITY_HEADERS = {
 }
 
 TOKEN_FILE = "review-token"
-COOKIE = "proctor_review"
+COOKIE_PREFIX = "proctor_review_"
+EVERY_CLIENT = "every client"  # what failed sign-ins are counted under (the module docstring says why)
 CODE_TTL_S = 15 * 60  # a printed sign-in address works this long, and once
 CODES_KEPT = 16
 FAIL_WINDOW_S = 60.0
@@ -134,6 +145,7 @@ class Access:
         self.session = self._mac("session")
         self.csrf = self._mac("csrf")
         self.scope = self._mac("scope")[:32]
+        self.cookie = COOKIE_PREFIX + self._mac("cookie")[:16]
         self._codes: dict[str, float] = {}
         self._lock = threading.Lock()
 
@@ -161,8 +173,11 @@ class Access:
             expires = self._codes.pop(key, None)
         return expires is not None and self._clock() < expires
 
-    def allowed(self, cookie: str | None, authorization: str | None) -> bool:
-        if cookie is not None and hmac.compare_digest(cookie.encode(), self.session.encode()):
+    def allowed(self, cookie_header: str | None, authorization: str | None) -> bool:
+        """The session cookie, given exactly once in the request's Cookie header, or the token as a bearer."""
+        values = [v for k, _, v in (c.strip().partition("=") for c in (cookie_header or "").split(";"))
+                  if k == self.cookie]
+        if len(values) == 1 and hmac.compare_digest(values[0].encode(), self.session.encode()):
             return True
         return self.bearer_ok(authorization)
 

@@ -1,8 +1,9 @@
 """The review page's routes, mounted into `proctor serve`'s app (proctor.surfaces.api.app).
 
     GET  /review                     the sign-in page (a form); with a bearer token, a redirect to the page
-    GET  /review/login?code=C        a one-time code for a session cookie (proctor.surfaces.web.access)
-    POST /review/login               token=T, or code=C: the same, the token never in a URL
+    GET  /review/login               the sign-in form (a code or a token in its address is refused)
+    POST /review/login               code=C (the one-time code, typed), or token=T: a session cookie
+                                     (proctor.surfaces.web.access)
     GET  /review/static/NAME         the page's CSS and JS, from the package: no CDN, nothing fetched elsewhere
     under /review/<scope> (the page's secret path; the cookie's Path):
     GET  /                           the job list (filters: ?repo=PATH&status=S, S may be needs-review)
@@ -53,7 +54,7 @@ from proctor.services.review import land as land_mod
 from proctor.services.review.outcome import Code, Outcome
 from proctor.mechanisms.terminal import visible
 from proctor.surfaces.web import patch, views
-from proctor.surfaces.web.access import COOKIE, Access, Failures
+from proctor.surfaces.web.access import EVERY_CLIENT, Access, Failures
 
 PREFIX = "/review"
 STATIC = {"review.css": "text/css", "review.js": "text/javascript"}
@@ -144,7 +145,7 @@ class Site:
         with self.open_ledger() as ledger:
             jobs_mod.note(ledger, "review.web.login", {"ok": True, "via": via, "client": _client(request)})
         resp = RedirectResponse(self.root, status_code=303, headers=HEADERS)
-        resp.set_cookie(COOKIE, self.access.session, httponly=True, samesite="strict", path=self.root,
+        resp.set_cookie(self.access.cookie, self.access.session, httponly=True, samesite="strict", path=self.root,
                         secure=request.url.scheme == "https")
         return resp
 
@@ -154,7 +155,7 @@ def _client(request: Request) -> str:
 
 
 def _authorized(site: Site, request: Request) -> bool:
-    return site.access.allowed(request.cookies.get(COOKIE), request.headers.get("authorization"))
+    return site.access.allowed(request.headers.get("cookie"), request.headers.get("authorization"))
 
 
 def _denied(site: Site) -> HTMLResponse:
@@ -187,8 +188,8 @@ def sign_in(site: Site) -> APIRouter:
     def attempt(request: Request, ok: Callable[[], bool], via: str) -> Response:
         if ok():  # the right credential always signs in (access says why)
             return site.signed_in(request, via)
-        if site.failures.failed(_client(request)):
-            return PlainTextResponse("too many failed sign-ins from this address: wait a minute", status_code=429,
+        if site.failures.failed(EVERY_CLIENT):
+            return PlainTextResponse("too many failed sign-ins: wait a minute", status_code=429,
                                      headers={**HEADERS, "Retry-After": "60"})
         return site.render_public("denied.html", 401, bad_token=True)
 
@@ -202,7 +203,10 @@ def sign_in(site: Site) -> APIRouter:
     def login(request: Request, code: str = "", token: str = "") -> Response:
         if token:  # never compared: a token in a URL stays in the history; say so and sign nobody in
             return site.render_public("denied.html", 400, token_in_url=True)
-        return attempt(request, lambda: site.access.spend_code(code), "code")
+        if code:  # an address is in the browser's command line for every local user: the code is spent unused
+            site.access.spend_code(code)
+            return site.render_public("denied.html", 400, code_in_url=True)
+        return _denied(site)
 
     @r.post("/login")
     async def login_post(request: Request) -> Response:
