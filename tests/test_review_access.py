@@ -155,24 +155,50 @@ def test_a_taken_port_is_a_clear_error_and_nothing_is_printed_before_the_socket_
         server.stop()
 
 
+def hers(user: pwd.struct_passwd, url: str) -> str:
+    probe = (f"import urllib.request, urllib.error\n"
+             f"try:\n    r = urllib.request.urlopen('{url}'); print(r.status, r.read()[:300])\n"
+             f"except urllib.error.HTTPError as e:\n    print(e.code, e.read()[:300])\n")
+    done = subprocess.run(["/usr/bin/python3", "-c", probe], user=user.pw_uid, group=user.pw_gid, extra_groups=[],
+                          cwd="/", env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=30,
+                          check=False)
+    return done.stdout + done.stderr
+
+
+def test_another_local_user_is_refused_at_the_door_by_her_uid_unless_config_names_it(other_user):
+    """issue 41: loopback is no boundary between local users. Her connection is attributed by its socket's
+    uid when it is accepted and refused before a byte of it is read (her sign-in attempts, her cookies, her
+    forwarded headers never reach the page). The control: `[serve] allow_uids` naming her lets her reach the
+    sign-in page, where the token still decides."""
+    server = Server()
+    try:
+        refused = hers(other_user, f"{server.base}/review")
+    finally:
+        server.stop()
+    assert refused.startswith("403 ") and "PEER_REFUSED" in refused and f"uid {other_user.pw_uid}" in refused, refused
+    (Path(os.environ["PROCTOR_HOME"]) / "config.toml").write_text(f"[serve]\nallow_uids = [{other_user.pw_uid}]\n")
+    server = Server()
+    try:
+        let_in = hers(other_user, f"{server.base}/review")
+    finally:
+        server.stop()
+    assert let_in.startswith("401 "), let_in
+
+
 def test_a_job_id_is_not_a_capability_another_user_reads_nothing(other_user, repo, fake):
     fake("claude", Behaviour(writes={"a.txt": "a\n"}))
     job = run_job(repo, "T-v1")["jobId"]
-    server = Server()
-    probe = (f"import urllib.request, urllib.error\n"
-             f"try:\n    r = urllib.request.urlopen('{server.base}/v1/jobs/{job}'); print(r.status, r.read()[:300])\n"
-             f"except urllib.error.HTTPError as e:\n    print(e.code, e.read()[:300])\n")
+    (Path(os.environ["PROCTOR_HOME"]) / "config.toml").write_text(f"[serve]\nallow_uids = [{other_user.pw_uid}]\n")
+    server = Server()  # she is let past the door (test above): the credential is what stops her here
     try:
-        hers = subprocess.run(["/usr/bin/python3", "-c", probe], user=other_user.pw_uid, group=other_user.pw_gid,
-                              extra_groups=[], cwd="/", env={"PATH": "/usr/bin:/bin"}, capture_output=True,
-                              text=True, timeout=30, check=False)
+        got = hers(other_user, f"{server.base}/v1/jobs/{job}")
         ours = httpx.get(f"{server.base}/v1/jobs/{job}", headers={"Authorization": f"Bearer {server.token}"})
         docs = httpx.get(f"{server.base}/docs")
         spec = httpx.get(f"{server.base}/openapi.json")
         anything = httpx.get(f"{server.base}/redoc")
     finally:
         server.stop()
-    assert hers.stdout.startswith("401 ") and "UNAUTHENTICATED" in hers.stdout, hers.stdout + hers.stderr
+    assert got.startswith("401 ") and "UNAUTHENTICATED" in got, got
     # The control: this install's token is past the check (--no-queue: the queue, not the credential, answers).
     assert ours.status_code == 503 and ours.json()["code"] == "QUEUE_DISABLED", ours.text
     assert docs.status_code == 404 and anything.status_code == 404

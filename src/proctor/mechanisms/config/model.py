@@ -113,6 +113,15 @@ class QueueSettings(BaseModel):
         return v
 
 
+class ServeSettings(BaseModel):
+    """`[serve]`: who may connect to `proctor serve` (the review page and the HTTP API) over loopback besides
+    the install's own user: `allow_uids`, by the uid the kernel says owns the client's socket."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    allow_uids: tuple[int, ...] = ()
+
+
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -132,6 +141,7 @@ class Config(BaseModel):
     holdout: dict[str, list[str]] = Field(default_factory=dict)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     queue: QueueSettings = Field(default_factory=QueueSettings)
+    serve: ServeSettings = Field(default_factory=ServeSettings)
     source: str | None = None
     # Host variables every agent gets beside the basics and its adapter's credentials (an adapter's own
     # `env_pass` adds to these); nothing else of the host's environment reaches a job (sandbox_home).

@@ -139,13 +139,18 @@ def _write(path: Path, value: str) -> str | None:
 
 
 @cache
+def jobs_root() -> Path | None:
+    """Where this host's job groups live, `<cgroup2>/<this process's group>/proctor`, made or not."""
+    mount = _cgroup2_mount()
+    # One shared parent for all proctor processes: job names are unique, so nothing is left per host pid.
+    return None if mount is None else mount / _own_cgroup_path().lstrip("/") / "proctor"
+
+
 def parent_dir() -> Path | None:
     """The folder under which this process can make job groups, or None. Detected by trying a mkdir."""
-    mount = _cgroup2_mount()
-    if mount is None:
+    base = jobs_root()
+    if base is None:
         return None
-    # One shared parent for all proctor processes: job names are unique, so nothing is left per host pid.
-    base = mount / _own_cgroup_path().lstrip("/") / "proctor"
     try:
         base.mkdir(exist_ok=True)
         probe = base / f"probe-{os.getpid()}"

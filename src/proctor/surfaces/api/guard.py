@@ -28,6 +28,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from proctor.mechanisms.confine.peer import is_loopback, refusal, tcp_peer
 from proctor.mechanisms.queue.envelope import MAX_ENVELOPE_BYTES
 from proctor.surfaces.web.access import SECURITY_HEADERS
 
@@ -253,6 +254,8 @@ class GuardedH11Protocol(H11Protocol):
 
     limits: HttpLimits = HttpLimits()
     cap: int = HttpLimits().max_connections
+    # The uids a loopback client's socket may belong to (`peer.refusal`); None: not checked (a test's server).
+    peers: tuple[int, ...] | None = None
     _header_timer: asyncio.TimerHandle | None = None
     _answered = False  # a response on this connection is complete
 
@@ -263,7 +266,22 @@ class GuardedH11Protocol(H11Protocol):
                                          f"the server holds its limit of {self.cap} connections; retry later"))
             transport.close()
             return
+        why = self._peer_refused(transport)
+        if why is not None:
+            transport.write(raw_response(403, "Forbidden", "PEER_REFUSED", why))
+            transport.close()
+            return
         self._arm_header_timer()
+
+    def _peer_refused(self, transport: asyncio.Transport) -> str | None:
+        """Why a loopback client may not talk to this server at all, or None: attributed when it is accepted,
+        by its socket's uid and cgroup (proctor.mechanisms.confine.peer), never by its address or port."""
+        if self.peers is None:
+            return None
+        peer, local = transport.get_extra_info("peername"), transport.get_extra_info("sockname")
+        if not peer or not local or not is_loopback(str(peer[0])):
+            return None  # a remote client: the kernel here cannot say who it is; the token alone decides
+        return refusal(tcp_peer(peer, local), self.peers)
 
     def data_received(self, data: bytes) -> None:
         if self.conn.their_state is h11.IDLE and self._head_too_large(data):
@@ -324,15 +342,18 @@ class GuardedH11Protocol(H11Protocol):
         self.transport.close()
 
 
-def protocol_for(limits: HttpLimits) -> type[GuardedH11Protocol]:
-    return type("GuardedH11", (GuardedH11Protocol,), {"limits": limits, "cap": limits.connection_cap()})
+def protocol_for(limits: HttpLimits, peers: Iterable[int] | None = None) -> type[GuardedH11Protocol]:
+    return type("GuardedH11", (GuardedH11Protocol,), {"limits": limits, "cap": limits.connection_cap(),
+                                                      "peers": tuple(peers) if peers is not None else None})
 
 
-def server_config(app: Any, host: str, port: int, limits: HttpLimits | None = None, **over: Any) -> uvicorn.Config:
-    """The uvicorn config `proctor serve` and the tests run: h11 with the guard, no WebSocket upgrades."""
+def server_config(app: Any, host: str, port: int, limits: HttpLimits | None = None,
+                  peers: Iterable[int] | None = None, **over: Any) -> uvicorn.Config:
+    """The uvicorn config `proctor serve` and the tests run: h11 with the guard, no WebSocket upgrades.
+    `peers`: the uids a loopback client's socket may belong to (None: not checked)."""
     limits = limits or HttpLimits()
     options: dict[str, Any] = {
-        "host": host, "port": port, "log_level": "warning", "http": protocol_for(limits), "ws": "none",
+        "host": host, "port": port, "log_level": "warning", "http": protocol_for(limits, peers), "ws": "none",
         "timeout_keep_alive": limits.keep_alive_s, "h11_max_incomplete_event_size": limits.max_header_bytes,
         "server_header": False, "backlog": 2048,
         # No proxy header is believed: from loopback, uvicorn's default took X-Forwarded-For as the client.

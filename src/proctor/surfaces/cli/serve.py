@@ -11,6 +11,7 @@ server, the address and token were printed anyway, and the reviewer's browser se
 from __future__ import annotations
 
 import errno
+import os
 import socket
 
 import click
@@ -64,10 +65,14 @@ def serve_cmd(bind: str, port: int, allow_hosts: tuple[str, ...], no_queue: bool
     from proctor.surfaces.web.access import Access, TokenError, load_token
     from proctor.surfaces.web.app import PREFIX, Site
 
+    from proctor.mechanisms.config.load import ConfigError, load_config
+
     try:
         trust = load_trust()
         token = load_token()
-    except (TrustFileError, TokenError) as exc:
+        # Who may connect over loopback: the install's user, and the uids config names; never a job.
+        peers = (os.geteuid(), *load_config().serve.allow_uids)
+    except (TrustFileError, TokenError, ConfigError) as exc:
         fail(str(exc))
     url = None if no_queue else resolve_queue(queue_url)
     limits = HttpLimits()
@@ -83,4 +88,4 @@ def serve_cmd(bind: str, port: int, allow_hosts: tuple[str, ...], no_queue: bool
     click.echo(f"proctor: review page: http://{shown}:{port}{PREFIX}/login  sign-in code: {access.new_code()} "
                "(type it into the page: one use, 15 minutes; after that, the token in $PROCTOR_HOME/review-token)",
                err=True)
-    uvicorn.Server(server_config(app, bind, port, limits, timeout_graceful_shutdown=5)).run(sockets=[sock])
+    uvicorn.Server(server_config(app, bind, port, limits, peers=peers, timeout_graceful_shutdown=5)).run(sockets=[sock])
