@@ -37,10 +37,22 @@ def api(tmp_path_factory):
     home = tmp_path_factory.mktemp("http-home")
     trusted_home(home)
     handle = server.start(tmp_path_factory.mktemp("nats") / "store")
+    asyncio.run(open_lane(handle.url, HOST))
     app = create_app(lambda: JetStreamBackend.connect(handle.url), load_trust(home), SentStore(home))
     with serve_in_thread(app) as base:
         yield base, handle.url, home
     handle.stop()
+
+
+async def open_lane(url: str, host: str, lane: str = "default") -> None:
+    """The lane a listener of `host` opens when it starts (its durable consumer, as `Listener` makes it): the
+    HTTP API takes jobs only for a lane some listener opened."""
+    backend = await JetStreamBackend.connect(url)
+    try:
+        s = Settings(host, {lane: 1}, ack_wait_s=5)
+        await backend.ensure_lane(host, lane, slots=1, ack_wait_s=s.ack_wait_s, max_deliver=s.max_deliver)
+    finally:
+        await backend.close()
 
 
 def test_fuzzed_requests_never_get_a_5xx(api):
@@ -132,6 +144,7 @@ def test_a_queue_that_cannot_take_the_job_is_a_503_not_a_500(tmp_path):
     trusted_home(tmp_path)
     trust = load_trust(tmp_path)
     for backend, want in ((MemoryBackend(), 202), (_DownBackend(), 503)):  # control first
+        asyncio.run(backend.ensure_lane(HOST, "default", slots=1, ack_wait_s=5))
 
         async def factory(backend=backend):
             return backend
@@ -145,6 +158,7 @@ def test_a_queue_that_cannot_take_the_job_is_a_503_not_a_500(tmp_path):
 def _reads_app(tmp_path, token: str | None = None):
     trusted_home(tmp_path)
     backend = MemoryBackend()
+    asyncio.run(backend.ensure_lane(HOST, "default", slots=1, ack_wait_s=5))
 
     async def factory():
         return backend

@@ -12,6 +12,7 @@ Every refusal is JSON `{"code", "detail"}`.
 from __future__ import annotations
 
 import base64
+import asyncio
 import json
 import os
 import resource
@@ -59,7 +60,9 @@ limits = HttpLimits(**spec["limits"])
 home = Path(spec["home"])
 
 async def backend():
-    return MemoryBackend()
+    queue = MemoryBackend()
+    await queue.ensure_lane(spec["host"], "default", slots=1, ack_wait_s=30)  # a listener opened it
+    return queue
 
 app = create_app(backend, load_trust(home), SentStore(home), bind="127.0.0.1", allow_hosts=spec["allow"],
                  limits=limits, read_token=spec["token"])
@@ -189,7 +192,7 @@ class Served:
 
 def start_server(root: Path, home: Path, limits: dict, allow: tuple[str, ...] = (), nofile: int = 4096) -> Served:
     log = root / f"server-{time.monotonic_ns()}.log"
-    spec = {"limits": limits, "home": str(home), "allow": list(allow), "nofile": nofile, "token": READ_TOKEN}
+    spec = {"limits": limits, "home": str(home), "allow": list(allow), "nofile": nofile, "token": READ_TOKEN, "host": HOST}
     env = {**os.environ, "PROCTOR_HOME": str(home)}
     proc = subprocess.Popen([sys.executable, "-c", SERVER, json.dumps(spec)], stdout=subprocess.PIPE,
                             stderr=log.open("wb"), env=env, text=True)
@@ -576,6 +579,9 @@ def test_only_bound_names_on_this_port_are_served_and_foreign_origins_are_403(sr
 
 def test_proctor_serve_answers_its_allow_host_names_and_no_others(tmp_path, home):
     nats = server.start(tmp_path / "nats")
+    from test_http_api import open_lane
+
+    asyncio.run(open_lane(nats.url, HOST))  # the lane a listener of HOST opened: the API takes jobs for it
     port = server.free_port()
     log = tmp_path / "serve.log"
     proctor = Path(sys.executable).with_name("proctor")

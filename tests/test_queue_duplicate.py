@@ -205,10 +205,13 @@ def api(nats_url, tmp_path):
         yield base, th
 
 
-def test_post_v1_jobs_answers_a_retried_envelope_with_duplicate(api):
+def test_post_v1_jobs_answers_a_retried_envelope_with_duplicate(api, nats_url):
+    from test_http_api import open_lane
+
     base, th = api
     host = f"dup-http-{os.getpid()}"
     sealed = noop(th, host)
+    asyncio.run(open_lane(nats_url, host))
     with httpx.Client(base_url=base, timeout=20) as http:
         first = http.post("/v1/jobs", json=sealed.to_dict())
         again = http.post("/v1/jobs", json=sealed.to_dict())

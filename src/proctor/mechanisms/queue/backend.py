@@ -74,6 +74,12 @@ class QueueBackend(Protocol):
     async def ensure_lane(
         self, host: str, lane: str, *, slots: int, ack_wait_s: float, max_deliver: int = -1
     ) -> None: ...
+
+    async def has_listener(self, host: str, lane: str) -> bool:
+        """Whether a listener of `host` has ever opened `lane` (its durable consumer exists): a job for any
+        other host or lane is kept for no one, so the HTTP API takes none (issue 41)."""
+        ...
+
     async def fetch(self, host: str, lane: str, max_n: int, timeout_s: float) -> list[Delivery]: ...
 
     async def put_job(self, job_id: str, data: bytes) -> None:

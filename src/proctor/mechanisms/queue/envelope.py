@@ -36,6 +36,9 @@ ED25519 = "ed25519"
 HMAC_SHA256 = "hmac-sha256"
 # Wire bodies are small (a task brief plus metadata); a cap keeps a hostile message from costing a parse.
 MAX_ENVELOPE_BYTES = 1_048_576
+# The longest an envelope may live (expiresAt - issuedAt): the stream keeps no message longer than this (and
+# an hour's slack), so an envelope for a host that never comes is not kept for ever (issue 41).
+MAX_TTL_S = 7 * 24 * 3600
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -245,7 +248,10 @@ def job_fields(
     job_id: str | None = None,
     now: float | None = None,
 ) -> dict[str, Any]:
-    """The body of a job envelope, per DESIGN §8 / issue 6: bound to one target, lane, kind and expiry."""
+    """The body of a job envelope, per DESIGN §8 / issue 6: bound to one target, lane, kind and expiry (at most
+    MAX_TTL_S after it was issued; a ValueError past it)."""
+    if ttl_s > MAX_TTL_S:
+        raise ValueError(f"an envelope lives at most {MAX_TTL_S // 3600} hours, not {ttl_s / 3600:.0f}")
     issued = int(now if now is not None else time.time())
     return {
         "v": ENVELOPE_VERSION,

@@ -32,7 +32,9 @@ def inbox(name: str) -> str:
 def sender_permissions(name: str, targets: list[str] | None = None) -> dict[str, Any]:
     """nats-server `permissions` for one sender's NKEY user (see the module docstring)."""
     jobs = [f"{SUBJECT_PREFIX}.{check_name('host', t)}.>" for t in targets] if targets else [f"{SUBJECT_PREFIX}.>"]
-    publish = [f"{API}.STREAM.INFO.{STREAM}", *READ_KV, *jobs, "$KV.proctor_jobs.>", "$KV.proctor_cancel.>"]
+    # CONSUMER.INFO: whether a target's lane has a listener at all (the HTTP API takes no job for one without).
+    publish = [f"{API}.STREAM.INFO.{STREAM}", f"{API}.CONSUMER.INFO.{STREAM}.*", *READ_KV, *jobs,
+               "$KV.proctor_jobs.>", "$KV.proctor_cancel.>"]
     return {"publish": {"allow": publish}, "subscribe": {"allow": [f"{inbox(name)}.>"]}}
 
 

@@ -34,16 +34,25 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.api import ConsumerConfig, KeyValueConfig, RetentionPolicy, StreamConfig
+from nats.js.api import ConsumerConfig, DiscardPolicy, KeyValueConfig, RetentionPolicy, StreamConfig
 from nats.js.kv import KeyValue
 
 from proctor.mechanisms.queue.backend import check_name
+from proctor.mechanisms.queue.envelope import MAX_ENVELOPE_BYTES, MAX_TTL_S
 
 T = TypeVar("T")
 STREAM = "PROCTOR_JOBS"
 SUBJECT_PREFIX = "proctor.jobs"
 BUCKETS = ("proctor_jobs", "proctor_results", "proctor_running", "proctor_cancel")
 RECORD_TTL_S = 14 * 24 * 3600.0
+# The stream's quota (issue 41: 150 envelopes of ~1 MB for a host that does not exist grew it to 146 MB, kept
+# for ever): no message outlives the longest envelope (and an hour), the whole stream holds at most
+# STREAM_MAX_BYTES, and one host's lane at most SUBJECT_MAX_MSGS waiting jobs; past either, a new publish is
+# refused (discard new), never an older job dropped.
+STREAM_LIMITS: dict[str, Any] = {
+    "max_age": float(MAX_TTL_S + 3600), "max_bytes": 1 << 30, "max_msgs_per_subject": 10_000,
+    "max_msg_size": MAX_ENVELOPE_BYTES + 64 * 1024, "discard": DiscardPolicy.NEW, "discard_new_per_subject": True,
+}
 # How long a KV operation keeps trying through a cluster's failover: a killed node's clients reconnect and
 # its streams elect new leaders in about 10 s on loopback (measured), well inside a listener's lease margin.
 FAILOVER_S = 30.0
@@ -256,10 +265,12 @@ class JetStreamBackend:
         if manage:
             try:
                 info = await js.stream_info(STREAM)
-                if (info.config.num_replicas or 1) < replicas:
+                limited = {k: v for k, v in STREAM_LIMITS.items() if getattr(info.config, k) != v}
+                if (info.config.num_replicas or 1) < replicas or limited:
                     # A stream made on one node grows its copies when the fleet gains nodes (JetStream
-                    # scales a stream's replicas in place).
-                    await js.update_stream(dataclasses.replace(info.config, num_replicas=replicas))
+                    # scales a stream's replicas in place); one made before the quota gets it.
+                    await js.update_stream(dataclasses.replace(
+                        info.config, num_replicas=max(replicas, info.config.num_replicas or 1), **limited))
             except nats.js.errors.NotFoundError:
                 await js.add_stream(
                     StreamConfig(
@@ -268,6 +279,7 @@ class JetStreamBackend:
                         retention=RetentionPolicy.WORK_QUEUE,
                         duplicate_window=120.0,
                         num_replicas=replicas,
+                        **STREAM_LIMITS,
                     )
                 )
         for bucket in BUCKETS:
@@ -310,6 +322,13 @@ class JetStreamBackend:
             ),
         )
         self.subs[(host, lane)] = await js.pull_subscribe_bind(name, stream=STREAM)
+
+    async def has_listener(self, host: str, lane: str) -> bool:
+        try:
+            await self.nc.jetstream().consumer_info(STREAM, consumer_name(host, lane), timeout=5.0)
+        except nats.js.errors.NotFoundError:
+            return False
+        return True
 
     async def fetch(self, host: str, lane: str, max_n: int, timeout_s: float) -> list[JetStreamDelivery]:
         try:

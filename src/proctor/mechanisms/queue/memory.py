@@ -95,6 +95,9 @@ class MemoryBackend:
         self.lanes.setdefault((host, lane), [])
         self.ack_wait[(host, lane)] = ack_wait_s
 
+    async def has_listener(self, host: str, lane: str) -> bool:
+        return (host, lane) in self.ack_wait
+
     async def fetch(self, host: str, lane: str, max_n: int, timeout_s: float) -> list[MemoryDelivery]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s

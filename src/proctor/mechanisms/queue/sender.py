@@ -144,6 +144,11 @@ class PublishRefused(Exception):
     """The queue server refused this sender's publish (its NATS permissions): the reason is the server's."""
 
 
+class QueueFull(Exception):
+    """The queue is at its quota (the stream's bytes, or the target lane's waiting jobs: jetstream.STREAM_LIMITS):
+    nothing was queued; it frees as jobs run or expire."""
+
+
 REFUSAL_POLL_S = 0.05
 
 
@@ -168,7 +173,13 @@ async def _publish(backend: QueueBackend, job: SentJob, sealed: Sealed) -> bool:
                 f"the queue server refused to take job {job.job_id} for {job.target}/{job.lane}: "
                 f"{str(err).removeprefix('nats: ')}; this sender's NATS user may not enqueue for {job.target} "
                 "(the fleet's sender grants name the hosts each sender may reach)")
-    return await task
+    try:
+        return await task
+    except Exception as exc:
+        said = str(getattr(exc, "description", "") or "")
+        if said.startswith("maximum") and "exceeded" in said:  # the stream's quota (discard new), not an outage
+            raise QueueFull(f"the queue is full for {job.target}/{job.lane}: {said}; nothing was queued") from None
+        raise
 
 
 async def _accepted_at(backend: QueueBackend, job: SentJob) -> float | None:

@@ -22,7 +22,8 @@ from typing import Any
 from proctor.contract import RunAgentRequest, parse_request
 from proctor.mechanisms.confine import CONFINE_ORDER
 from proctor.mechanisms.queue.backend import valid_job_id
-from proctor.mechanisms.queue.envelope import EnvelopeError, Opened, Unsealed, envelope_digest, unseal, verify
+from proctor.mechanisms.queue.envelope import (MAX_TTL_S, EnvelopeError, Opened, Unsealed, envelope_digest, unseal,
+                                             verify)
 from proctor.mechanisms.queue.signers import TrustStore
 
 class Refusal(StrEnum):
@@ -107,6 +108,8 @@ def _check(
         return Refused(Refusal.MALFORMED, "issuedAt and expiresAt must be numbers", True, f)
     if now > exp + skew_s and not (admitted is not None and admitted(job_id, opened.digest)):
         return Refused(Refusal.EXPIRED, f"job expired at {exp:.0f}, now {now:.0f} (skew {skew_s:.0f}s)", True, f)
+    if exp - iat > MAX_TTL_S:
+        return Refused(Refusal.MALFORMED, f"envelope lives {exp - iat:.0f} s, past the limit of {MAX_TTL_S} s", True, f)
     if iat - skew_s > now:
         return Refused(Refusal.NOT_YET_VALID, f"job issued at {iat:.0f}, in the future (now {now:.0f})", True, f)
     if not isinstance(f.get("nonce"), str) or not f["nonce"]:

@@ -35,7 +35,7 @@ from proctor.surfaces.api.guard import HttpLimits, RequestGuard, SecurityHeaders
 from proctor.surfaces.api.reads import check_read
 from proctor.mechanisms.queue import sender
 from proctor.mechanisms.queue.backend import QueueBackend, check_name, valid_job_id
-from proctor.mechanisms.queue.envelope import EnvelopeError, Sealed, unseal, verify
+from proctor.mechanisms.queue.envelope import MAX_TTL_S, EnvelopeError, Sealed, unseal, verify
 from proctor.mechanisms.queue.sent import SentStore
 from proctor.mechanisms.queue.signers import TrustStore
 from proctor.surfaces.web import app as web
@@ -181,7 +181,7 @@ def create_app(
         if refused is not None:
             raise ApiError(refused.status, refused.code, refused.reason)
     errors: dict[int | str, dict[str, Any]] = {
-        code: {"model": Problem} for code in (400, 401, 403, 404, 408, 413, 421, 422, 503)
+        code: {"model": Problem} for code in (400, 401, 403, 404, 408, 413, 421, 422, 429, 503)
     }
 
     @app.exception_handler(StarletteHTTPException)
@@ -242,8 +242,17 @@ def create_app(
             problems.append(str(exc))
         if not isinstance(f.get("expiresAt"), (int, float)) or f["expiresAt"] < time.time():
             problems.append("envelope has expired")
+        elif not isinstance(f.get("issuedAt"), (int, float)) or f["expiresAt"] - f["issuedAt"] > MAX_TTL_S:
+            problems.append(f"an envelope lives at most {MAX_TTL_S} seconds (issuedAt to expiresAt)")
         if problems:
             raise ApiError(422, "INVALID_PAYLOAD", problems)
+        try:  # a job for a host or lane no listener ever opened is kept for no one: nothing is stored for it
+            known = await queue.has_listener(target, lane)
+        except Exception as exc:  # noqa: BLE001 - the queue is down: the client may retry
+            raise ApiError(503, "QUEUE_UNAVAILABLE", f"the queue did not answer: {type(exc).__name__}: {exc}") from None
+        if not known:
+            raise ApiError(404, "UNKNOWN_TARGET", f"no listener of host {target!r} has opened lane {lane!r}: "
+                           "a job for it would wait for no one (start `proctor listen` there first)")
         sealed = Sealed(env.alg, env.body, env.sig)
         reused = sender.reused_id(sealed, sent_store)
         if reused is not None:  # another envelope owns this id here: queueing this one would rebind it
@@ -252,6 +261,8 @@ def create_app(
             done = await sender.publish(queue, sealed, sent=sent_store)
         except sender.PublishRefused as exc:  # the queue server's own permissions: retrying will not help
             raise ApiError(403, "QUEUE_REFUSED", str(exc)) from None
+        except sender.QueueFull as exc:  # the quota: later, as jobs run or expire
+            raise ApiError(429, "QUEUE_FULL", str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - the queue is down or refused: the client may retry
             raise ApiError(503, "QUEUE_UNAVAILABLE",
                            f"the queue did not accept the job: {type(exc).__name__}: {exc}") from None

@@ -27,7 +27,7 @@ from proctor.home import ensure_home
 from proctor.mechanisms.ledger.store import Ledger
 from proctor.mechanisms.queue import connection, keys, sender, server
 from proctor.services.listen.audit import BatchedAudit
-from proctor.mechanisms.queue.envelope import EnvelopeError, Sealed, unseal
+from proctor.mechanisms.queue.envelope import MAX_TTL_S, EnvelopeError, Sealed, unseal
 from proctor.mechanisms.queue.jetstream import JetStreamBackend
 from proctor.services.listen.kinds import NoopRunner, ProcessAgentRunner
 from proctor.services.listen.listener import Listener, Settings
@@ -109,6 +109,8 @@ def _signer(name: str) -> keys.Ed25519Signer | keys.HmacKey:
 def _check_ttl(_ctx: Any, _param: Any, value: float) -> float:
     if not math.isfinite(value) or value < 1:
         raise click.BadParameter(f"must be a finite number of seconds >= 1, not {value}")
+    if value > MAX_TTL_S:
+        raise click.BadParameter(f"an envelope lives at most {MAX_TTL_S} seconds (7 days), not {value:.0f}")
     return value
 
 
