@@ -43,6 +43,7 @@ def build_server(jobs: Jobs, grants: Grants | None = None) -> Server[Surface]:
         finally:
             # Sync on purpose: this runs while the loop winds down (the client closed stdin).
             cancelled = jobs.shutdown("the MCP server is shutting down")
+            surface.close()
             if cancelled:
                 log.warning("cancelled %d running job(s): %s", len(cancelled), ", ".join(cancelled))
 

@@ -9,6 +9,7 @@ do; and it never speaks MCP (tools.py does).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from pydantic import ValidationError
@@ -18,6 +19,7 @@ from proctor.contract import Requester, RunAgentRequest
 from proctor.mechanisms.config.load import ConfigError
 from proctor.mechanisms.config.model import Config
 from proctor.mechanisms.ledger.store import Ledger
+from proctor.mechanisms.ledger.summary import Summary
 from proctor.mechanisms.policy.gate import Gate
 from proctor.mechanisms.policy.plan import plan
 from proctor.mechanisms.policy.stop import StopSwitch
@@ -43,6 +45,8 @@ from proctor.surfaces.mcp.results import (
     Refusal,
 )
 
+
+log = logging.getLogger("proctor.mcp")
 
 def _ledger() -> Ledger:
     try:
@@ -71,6 +75,16 @@ class Surface:
         self.jobs = jobs
         self.grants = grants or Grants()
         self.client = "?"  # the client's own name and version (initialize's clientInfo), for the ledger rows
+        # Reads are one row a client a minute (and per job for a diff), the rest counted: 1,000 list_jobs calls
+        # wrote 1,000 rows (issue 41). `close` writes the counts still open.
+        self.reads = Summary()
+
+    def close(self) -> None:
+        try:
+            with Ledger.default() as ledger:
+                self.reads.flush(ledger)
+        except Exception:  # noqa: BLE001 - the server is ending; the counts are what is lost
+            log.warning("the read counts of this MCP session could not be written", exc_info=True)
 
     def _verb_granted(self, ledger: Ledger, verb: str, job: str) -> None:
         """A review verb only when granted; refused or not, a row naming the client."""
@@ -177,8 +191,9 @@ class Surface:
     def list_jobs(self, args: ListArgs) -> dict[str, Any]:
         with _ledger() as ledger:
             found = jobs_mod.select(jobs_mod.load_jobs(ledger), repo=args.repo, statuses=tuple(args.status))
-            late = jobs_mod.note(ledger, "review.jobs", {"ok": True, "repo": args.repo, "statuses": args.status,
-                                                         "count": len(found), "via": "mcp"})
+            late = self.reads.note(ledger, "review.jobs", {"ok": True, "repo": args.repo, "statuses": args.status,
+                                                           "count": len(found), "via": "mcp", "client": self.client},
+                                   principal=self.client)
         out: dict[str, Any] = {"count": len(found), "jobs": [j.to_dict() for j in found]}
         for j in out["jobs"]:
             live = self.jobs.get(j["jobId"])
@@ -190,8 +205,9 @@ class Surface:
             found = _find(ledger, args.job, "diff")
             got = diff(found, binary=args.binary)
             ok = isinstance(got, Diff)
-            jobs_mod.note(ledger, "review.diff", {"ok": ok, "jobId": found.job_id, "via": "mcp",
-                                                  **({"code": got.code.value} if not ok else {})}, found.job_id)
+            self.reads.note(ledger, "review.diff", {"ok": ok, "jobId": found.job_id, "via": "mcp", "client": self.client,
+                                                    **({"code": got.code.value} if not ok else {})},
+                            principal=self.client, subject=found.job_id, job_id=found.job_id)
         if isinstance(got, Outcome):
             raise _refused(got)
         out: dict[str, Any] = {"ok": True, "jobId": found.job_id, "base": got.base, "commit": got.commit,
