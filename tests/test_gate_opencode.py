@@ -18,6 +18,7 @@ import pytest
 from conftest import make_repo
 from modelserver import ScriptedModel
 from test_gate_claude import gate_rows
+from test_gate_gemini import calls_of
 from test_real_cli_jobs import ACTION, BIN, CLIS, TASK, need, run_job
 
 from proctor.mechanisms.adapters.spec import Invocation, build
@@ -26,10 +27,6 @@ from proctor.mechanisms.gatekeeper.opencode import LOCK, PLUGIN, OpencodeDialect
 from proctor.mechanisms.gatekeeper.service import DIALECTS
 from proctor.mechanisms.policy.gate import CallVerdict, Decision, GateCode
 from proctor.services.job.sandbox_home import copy_state
-
-
-def calls_of(job) -> list[dict]:
-    return [x for x in gate_rows(job) if x["kind"] == "gate.call"]
 
 
 # -- the real CLI, through proctor ------------------------------------------------------------------------

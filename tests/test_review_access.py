@@ -44,6 +44,8 @@ class H(http.server.BaseHTTPRequestHandler):
         print(json.dumps({"path": self.path, "headers": dict(self.headers)}), flush=True)
         body = b"<!doctype html><title>hers</title><p>hello"
         self.send_response(200)
+        for cookie in json.loads(sys.argv[2]) if len(sys.argv) > 2 else []:
+            self.send_header("set-cookie", cookie)
         self.send_header("content-type", "text/html")
         self.send_header("content-length", str(len(body)))
         self.end_headers()
@@ -60,8 +62,9 @@ srv.serve_forever()
 class HerServer:
     """Her server, run as her (uid and gid dropped by the kernel, not by our code's good will)."""
 
-    def __init__(self, user: pwd.struct_passwd, port: int = 0) -> None:
-        self.proc = subprocess.Popen(["/usr/bin/python3", "-c", HER_SERVER, str(port)], user=user.pw_uid,
+    def __init__(self, user: pwd.struct_passwd, port: int = 0, cookies: list[str] | None = None) -> None:
+        self.proc = subprocess.Popen(["/usr/bin/python3", "-c", HER_SERVER, str(port), json.dumps(cookies or [])],
+                                     user=user.pw_uid,
                                      group=user.pw_gid, extra_groups=[], cwd="/", env={"PATH": "/usr/bin:/bin"},
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert self.proc.stdout is not None
@@ -131,6 +134,46 @@ def test_the_session_cookie_never_reaches_another_users_server_on_another_port(o
     assert any(u.endswith("/review/login") for u in urls), urls
     assert not any(server.token in u or server.code in u for u in urls), "a credential is in the browser's history"
     shutil.rmtree(profile, ignore_errors=True)
+
+
+def test_her_page_on_another_port_cannot_lock_the_person_out_with_a_cookie(other_user, tmp_path, repo, fake):
+    """issue 41: her page set `proctor_review=x; Path=/`; the browser sent it after the real cookie, the server
+    kept the last value, and the person got 401 for the cookie's year. The cookie's name is the token's now:
+    her plants (the old name, a guess of the new shape) change nothing. The control: a cookie of the real name
+    planted beside it (what she could do only knowing the token's HMAC) makes the request carry it twice,
+    which is refused rather than guessed at."""
+    from playwright.sync_api import sync_playwright
+
+    fake("claude", Behaviour(writes={"a.txt": "a\n"}))
+    run_job(repo, "T-plant")
+    server = Server()
+    plants = ["proctor_review=x; Path=/; Max-Age=31536000",
+              "proctor_review_0123456789abcdef=x; Path=/; Max-Age=31536000"]
+    her = HerServer(other_user, cookies=plants)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS, headless=True)
+            ctx = browser.new_context()
+            page = ctx.new_page()
+            page.set_default_timeout(30_000)
+            page.goto(server.login_url)
+            page.fill("#code", server.code)
+            page.click("#sign-in-code")
+            page.wait_for_url(server.url())
+            page.goto(f"http://127.0.0.1:{her.port}/")  # her page plants its cookies on 127.0.0.1
+            planted = sorted(c["name"] for c in ctx.cookies())
+            after = page.goto(server.url())
+            still_in = after.status if after else None
+            ctx.add_cookies([{"name": Access(server.token).cookie, "value": "x", "domain": "127.0.0.1", "path": "/"}])
+            doubled = page.goto(server.url())
+            doubled_status = doubled.status if doubled else None
+            browser.close()
+    finally:
+        her.stop()
+        server.stop()
+    assert "proctor_review" in planted and "proctor_review_0123456789abcdef" in planted, planted
+    assert still_in == 200, "her cookies locked the person out"
+    assert doubled_status == 401  # the control: the real name, twice, is refused
 
 
 def test_a_taken_port_is_a_clear_error_and_nothing_is_printed_before_the_socket_listens(other_user):
