@@ -214,6 +214,45 @@ def test_the_dialect_maps_codexs_hook_input_and_answers_in_its_form():
         "permissionDecisionReason": "[proctor TOOL_UNDECLARED] why"}}
 
 
+def test_a_commands_workdir_is_part_of_the_call_a_grant_names():
+    """issue 41: a grant covered codex's exec_command `command` but not its `workdir`, which reaches the hook
+    only as the payload's `cwd` (measured, below): the same approved command ran elsewhere. Now the workdir is
+    in the call's input (so in its digest) and, when it is not the session's directory, a path the gate checks."""
+    from proctor.mechanisms.gatekeeper.grant import input_digest
+
+    d, wt = CodexDialect(), Path("/wt")
+    here = d.call({"tool_name": "Bash", "tool_input": {"command": "make"}, "cwd": "/wt", "tool_use_id": "a"}, wt)
+    there = d.call({"tool_name": "Bash", "tool_input": {"command": "make"}, "cwd": "/etc", "tool_use_id": "b"}, wt)
+    assert here["arguments"] == {"command": "make", "workdir": "/wt"} and here["paths"] == []
+    assert there["arguments"] == {"command": "make", "workdir": "/etc"} and there["paths"] == ["/etc"]
+    assert input_digest(here["arguments"], wt, tool="Bash") != input_digest(there["arguments"], wt, tool="Bash")
+    # The same command in the next job's worktree is the same call to a grant (the worktree is cut out).
+    other = d.call({"tool_name": "Bash", "tool_input": {"command": "make"}, "cwd": "/wt2", "tool_use_id": "c"},
+                   Path("/wt2"))
+    assert input_digest(other["arguments"], Path("/wt2"), tool="Bash") == input_digest(here["arguments"], wt, tool="Bash")
+
+
+class WorkdirModel(ScriptedModel):
+    """exec_command with `workdir` outside the job's worktree."""
+
+    def _codex_call(self, tools: dict) -> dict:
+        call = super()._codex_call(tools)
+        if call.get("name") == "exec_command":
+            call["arguments"] = json.dumps({**json.loads(call["arguments"]), "workdir": "/etc"})
+        return call
+
+
+@pytest.mark.realcli
+def test_a_command_run_in_a_workdir_outside_the_worktree_is_refused(tmp_path):
+    job = run_job("codex-model", tmp_path, model_type=WorkdirModel)
+    r = job.result
+    asked = next(q.tool_call for q in job.model.requests if q.reply == "tool_call")
+    assert json.loads(asked["input"])["workdir"] == "/etc", asked  # the model did ask for it
+    calls = [x for x in gate_rows(job) if x["kind"] == "gate.call"]
+    assert [(c["tool"], c["code"]) for c in calls] == [("Bash", "OUTSIDE_WORKSPACE")], calls
+    assert ACTION.name not in r["changed_files"] and not (Path("/etc") / ACTION.name).exists(), job.explain()
+
+
 def item(n: int, **fields) -> str:
     return json.dumps({"type": "item.completed", "item": {"id": f"item_{n}", **fields}})
 

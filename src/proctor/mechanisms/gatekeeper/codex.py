@@ -15,7 +15,8 @@ stderr, and the command line does the same when the script itself cannot run.
 
 What the hook sees (measured on 0.171 against a scripted model): `tool_name` `Bash` for every shell tool
 (`exec_command`, `shell`, `shell_command`, and code mode's nested `tools.exec_command`), `tool_input`
-`{command: <the command>}`; `apply_patch` with `{command: <the patch>}` (a function call or code mode's
+`{command: <the command>}`, with the call's `workdir` as the payload's `cwd` (taken into the call's input);
+`apply_patch` with `{command: <the patch>}` (a function call or code mode's
 nested `tools.apply_patch`); `mcp__<server>__<tool>` with the MCP arguments, and `read_mcp_resource` (the
 MCP resource tools: a task declares them, as it does MCP tools); `webrun` for `web__run`. Code
 mode's `exec` (JavaScript in a V8 isolate: no file system, no network) is not hooked itself: each nested
@@ -35,6 +36,7 @@ id, and the gate service reports it (`bypassed`): a tool that ran without a gate
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 from collections.abc import Iterable
@@ -276,6 +278,14 @@ class CodexDialect:
                 keys["mcp"] = tool
             if keys and call_id not in self._asked:
                 self._asked[call_id] = _Granted(call_id, frozenset(keys), keys)
+        if tool == "Bash":
+            # exec_command's `workdir` reaches the hook only as its `cwd` (measured on 0.171: a call with
+            # workdir /etc came as cwd "/etc", tool_input {command} alone). It is part of what runs: in the
+            # call's input, so a person's grant covers it (issue 41), and a path the gate checks when it is not
+            # the session's own directory.
+            args = {**args, "workdir": cwd}
+            if os.path.normpath(cwd) != os.path.normpath(str(worktree)):
+                paths = [cwd, *paths]
         call = {"tool": tool, "arguments": args, "paths": paths, "call_id": call_id}
         return {**call, "unparsed": unparsed} if unparsed else call
 
