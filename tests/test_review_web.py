@@ -217,6 +217,19 @@ def test_the_failed_jobs_page_shows_the_hosts_validation_output_and_risks(server
     assert shown and shown[-1].payload["via"] == "web"
 
 
+def test_thirty_views_of_a_job_page_are_two_ledger_rows(server, repo, fake):
+    """A reader's cost to the ledger is bounded (issue 41): one `review.show` row a job a minute, the rest
+    counted into one more row when the next minute's first view comes or the server ends."""
+    fake("claude", Behaviour(writes={"a.txt": "a\n"}))
+    job, c = run_job(repo, "T-views")["jobId"], server.client()
+    for _ in range(30):
+        assert c.get(f"{server.prefix}/jobs/{job}").status_code == 200
+    assert len(rows("review.show", job)) == 1
+    server.stop()
+    shown = [r.payload for r in rows("review.show", job)]
+    assert len(shown) == 2 and shown[1]["summarised"] == 29 and shown[1]["window_s"] == 60.0, shown
+
+
 def test_landing_a_failed_job_from_the_page_is_refused_unless_forced_with_a_reason(server, repo, fake):
     fake("claude", Behaviour(writes={"a.txt": "a\n"}))
     res = run_job(repo, "T-3", "exit 1")

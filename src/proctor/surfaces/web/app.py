@@ -48,6 +48,7 @@ from starlette.concurrency import run_in_threadpool
 from proctor.surfaces.web.access import SECURITY_HEADERS
 from proctor.services.job import record
 from proctor.mechanisms.ledger.store import Ledger
+from proctor.mechanisms.ledger.summary import Summary
 from proctor.services.review import gc as gc_mod
 from proctor.services.review import jobs as jobs_mod
 from proctor.services.review import land as land_mod
@@ -114,6 +115,7 @@ class Site:
         self.env = _env()
         self.flashes: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.failures = Failures(self._failed_row)
+        self.views = Summary()  # a job page's views: one row a job a minute, the rest counted (issue 41)
         patch.warm()
 
     def _failed_row(self, payload: dict[str, Any]) -> None:
@@ -122,6 +124,8 @@ class Site:
 
     def close(self) -> None:
         self.failures.flush()
+        with self.open_ledger() as ledger:
+            self.views.flush(ledger)
 
     def render(self, name: str, http_status: int = 200, **values: Any) -> HTMLResponse:
         """A page for a signed-in reviewer: it links under the secret path and its forms carry the CSRF token."""
@@ -256,7 +260,8 @@ def routes(site: Site) -> APIRouter:
             found = jobs_mod.find(ledger, job_id)
             if isinstance(found, Outcome):
                 return site.render("missing.html", 404, job_id=job_id, outcome=found.to_dict())
-            jobs_mod.note(ledger, "review.show", {"ok": True, "jobId": found.job_id, "via": "web"}, found.job_id)
+            site.views.note(ledger, "review.show", {"ok": True, "jobId": found.job_id, "via": "web"},
+                            principal="web", subject=found.job_id, job_id=found.job_id)
             page = views.job_page(ledger, found)
         return site.render("job.html", **page, modes=MODES, flash=site.flashes.pop(flash, None) if flash else None)
 
