@@ -112,3 +112,28 @@ def test_the_stream_keeps_its_quota_and_a_full_lane_refuses_new_jobs(tmp_path, n
     assert info.max_msgs_per_subject == 2 and info.discard_new_per_subject is True
     assert outcomes[:2] == ["queued", "queued"] and outcomes[3] == "queued", outcomes
     assert outcomes[2].startswith("full: the queue is full for quotahost/default: maximum messages per subject"), outcomes
+
+
+def test_one_signer_gets_its_share_and_the_others_keep_theirs(tmp_path):
+    """A busy (or stolen) key cannot take every sender's room: past its share in a minute a signer's POST is
+    429 SIGNER_QUOTA with Retry-After, while another trusted signer's job is still taken."""
+    from proctor.surfaces.api.guard import HttpLimits
+
+    trusted_home(tmp_path)
+    queue = MemoryBackend()
+    asyncio.run(queue.ensure_lane(HOST, "default", slots=1, ack_wait_s=5))
+
+    async def factory():
+        return queue
+
+    app = create_app(factory, load_trust(tmp_path), SentStore(tmp_path),
+                     limits=HttpLimits(jobs_per_signer_per_minute=3))
+    with TestClient(app, base_url="http://127.0.0.1") as http:
+        mine = [http.post("/v1/jobs", json=sealed(tmp_path).to_dict()) for _ in range(4)]
+        admin_key = keys.load("admin", tmp_path)
+        (theirs,) = sender.build(targets=[HOST], kind="noop", lane="default", payload={}, signer=admin_key)
+        other = http.post("/v1/jobs", json=theirs.to_dict())
+    assert [r.status_code for r in mine] == [202, 202, 202, 429], [r.text for r in mine]
+    assert mine[3].json()["code"] == "SIGNER_QUOTA" and int(mine[3].headers["retry-after"]) >= 1
+    assert other.status_code == 202, other.text  # the control: another signer's share is its own
+    assert len(queue.lanes[(HOST, "default")]) == 4

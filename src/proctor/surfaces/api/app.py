@@ -38,6 +38,7 @@ from proctor.mechanisms.queue.backend import QueueBackend, check_name, valid_job
 from proctor.mechanisms.queue.envelope import MAX_TTL_S, EnvelopeError, Sealed, unseal, verify
 from proctor.mechanisms.queue.sent import SentStore
 from proctor.mechanisms.queue.signers import TrustStore
+from proctor.surfaces.api.quota import Quota
 from proctor.surfaces.web import app as web
 from proctor.surfaces.web.app import Site
 
@@ -83,8 +84,8 @@ log = logging.getLogger(__name__)
 
 
 class ApiError(HTTPException):
-    def __init__(self, status: int, code: str, detail: Any) -> None:
-        super().__init__(status, detail)
+    def __init__(self, status: int, code: str, detail: Any, headers: dict[str, str] | None = None) -> None:
+        super().__init__(status, detail, headers)
         self.code = code
 
 
@@ -168,6 +169,7 @@ def create_app(
         return state["backend"]
 
     limits = limits or HttpLimits()
+    quota = Quota(limits.jobs_per_signer_per_minute)
     app = FastAPI(title="proctor queue", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   swagger_ui_oauth2_redirect_url=None)
     app.add_middleware(RequestGuard, names=allowed_names(bind, allow_hosts), limits=limits)
@@ -234,6 +236,11 @@ def create_app(
             raise ApiError(400, "MALFORMED", "envelope body needs string kind, target, lane and a jobId [A-Za-z0-9_-]")
         if signer is None or kind not in signer.kinds:
             raise ApiError(403, "KIND_NOT_ALLOWED", f"signer may not send kind {kind!r}")
+        wait = quota.take(signer.name)
+        if wait is not None:
+            raise ApiError(429, "SIGNER_QUOTA", f"signer {signer.name} sent {quota.per_window} jobs in the last "
+                           f"{quota.window_s:.0f} s, its share: retry in {wait:.0f} s",
+                           {"Retry-After": str(max(1, round(wait)))})
         problems = sender.validate_payload(kind, f.get("payload"))
         try:
             check_name("host", target)

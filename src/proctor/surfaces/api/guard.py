@@ -53,6 +53,7 @@ class HttpLimits:
     keep_alive_s: int = 5  # an idle kept-alive connection is closed after this
     max_header_bytes: int = 16 * 1024  # request line plus headers
     max_connections: int = 8192  # open connections; also bounded by RLIMIT_NOFILE less a reserve
+    jobs_per_signer_per_minute: int = 120  # POST /v1/jobs a signer may make (surfaces.api.quota)
 
     def connection_cap(self) -> int:
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
