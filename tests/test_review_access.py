@@ -94,10 +94,7 @@ def test_the_session_cookie_never_reaches_another_users_server_on_another_port(o
                                                        args=CHROMIUM_ARGS, headless=True)
             page = ctx.new_page()
             page.set_default_timeout(30_000)
-            page.goto(server.login_url)
-            page.fill("#code", server.code)
-            page.click("#sign-in-code")
-            page.wait_for_url(server.url())
+            server.sign_in(page)
             assert page.url == server.url(), page.url
             assert [c["name"] for c in ctx.cookies()] == [Access(server.token).cookie]
             # The bidi file name and task as text, in the diff, the changed files and the list (rendered).
@@ -156,10 +153,7 @@ def test_her_page_on_another_port_cannot_lock_the_person_out_with_a_cookie(other
             ctx = browser.new_context()
             page = ctx.new_page()
             page.set_default_timeout(30_000)
-            page.goto(server.login_url)
-            page.fill("#code", server.code)
-            page.click("#sign-in-code")
-            page.wait_for_url(server.url())
+            server.sign_in(page)
             page.goto(f"http://127.0.0.1:{her.port}/")  # her page plants its cookies on 127.0.0.1
             planted = sorted(c["name"] for c in ctx.cookies())
             after = page.goto(server.url())

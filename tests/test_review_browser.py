@@ -63,10 +63,7 @@ def page(browser, server):
     pg.set_default_timeout(30_000)
     pg.errors = []  # type: ignore[attr-defined]
     pg.on("pageerror", lambda e: pg.errors.append(str(e)))  # type: ignore[attr-defined]
-    pg.goto(server.login_url)
-    pg.fill("#code", server.code)
-    pg.click("#sign-in-code")
-    pg.wait_for_url(server.url())
+    server.sign_in(pg)
     assert pg.url == server.url()
     yield pg
     ctx.close()
