@@ -46,9 +46,9 @@ SUBJECT_PREFIX = "proctor.jobs"
 BUCKETS = ("proctor_jobs", "proctor_results", "proctor_running", "proctor_cancel")
 RECORD_TTL_S = 14 * 24 * 3600.0
 # The stream's quota (issue 41: 150 envelopes of ~1 MB for a host that does not exist grew it to 146 MB, kept
-# for ever): no message outlives the longest envelope (and an hour), the whole stream holds at most
-# STREAM_MAX_BYTES, and one host's lane at most SUBJECT_MAX_MSGS waiting jobs; past either, a new publish is
-# refused (discard new), never an older job dropped.
+# for ever): no message outlives the longest envelope (and an hour), the whole stream holds at most 1 GiB,
+# and one host's lane (a subject) at most 10,000 waiting jobs; past either, a new publish is refused
+# (discard new, the sender's QUEUE_FULL), never an older job dropped.
 STREAM_LIMITS: dict[str, Any] = {
     "max_age": float(MAX_TTL_S + 3600), "max_bytes": 1 << 30, "max_msgs_per_subject": 10_000,
     "max_msg_size": MAX_ENVELOPE_BYTES + 64 * 1024, "discard": DiscardPolicy.NEW, "discard_new_per_subject": True,
