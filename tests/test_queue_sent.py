@@ -71,3 +71,15 @@ def test_sent_records_are_private_and_pruned_by_age(tmp_path):
     SentStore(tmp_path).put(SentJob("new2", "h", "default", "noop", "a" * 64, "k", time.time()))
     assert SentStore(tmp_path).get("old2") is not None
     assert fresh.get("../new1") is None
+
+
+def test_the_sent_store_keeps_at_most_its_count_the_newest(tmp_path, monkeypatch):
+    """issue 41: every envelope sent left a record for 14 days, whatever their number. Past KEEP_MOST the
+    oldest go first; the newest stay (control)."""
+    monkeypatch.setattr(sent_mod, "KEEP_MOST", 3)
+    store = SentStore(tmp_path)
+    for i in range(5):
+        store.put(SentJob(f"job{i}", "h", "default", "noop", "d" * 64, "k", time.time()))
+        os.utime(tmp_path / "queue-sent" / f"job{i}.json", (time.time() - 100 + i,) * 2)
+    assert store.prune(time.time()) == 2
+    assert [store.get(f"job{i}") is not None for i in range(5)] == [False, False, True, True, True]

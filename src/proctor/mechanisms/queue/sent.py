@@ -31,6 +31,8 @@ DIR_NAME = "queue-sent"
 # Long enough for a sender to ask about a job for a while after it expired unstarted or ran (the default
 # TTL is a day; the server's KV records live 14 days too).
 KEEP_S = 14 * 24 * 3600.0
+# And at most this many records, the newest (issue 41: every envelope sent left a record for 14 days).
+KEEP_MOST = 100_000
 # A sweep stats every record, so it runs at most once a process per this interval for a directory: every
 # `SentStore()` made anew (one a `sender.publish` without a store) swept them all (measured: 0.9 ms of a
 # 1.6 ms publish with 1,000 records, growing with them).
@@ -107,16 +109,30 @@ class SentStore:
             return None
 
     def prune(self, now: float) -> int:
+        """Records not written for KEEP_S, then the oldest past KEEP_MOST (a sender that sent more than that
+        in KEEP_S loses the first ones' records first, never the store's disk to them)."""
         n = 0
         try:
             entries = list(os.scandir(self.root))
         except OSError:
             return 0
+        kept: list[tuple[float, str]] = []
         for entry in entries:
             try:
-                if entry.name.endswith((".json", ".tmp")) and entry.stat().st_mtime + KEEP_S < now:
+                if not entry.name.endswith((".json", ".tmp")):
+                    continue
+                mtime = entry.stat().st_mtime
+                if mtime + KEEP_S < now:
                     os.unlink(entry.path)
                     n += 1
+                else:
+                    kept.append((mtime, entry.path))
+            except OSError:
+                continue
+        for _, path in sorted(kept)[:max(0, len(kept) - KEEP_MOST)]:
+            try:
+                os.unlink(path)
+                n += 1
             except OSError:
                 continue
         return n
