@@ -155,8 +155,9 @@ def _repo_settings(job: Job, admitted: Admitted, cfg: RepoSettings | str) -> Rep
         return None
     if job.may_read_untracked or not (cfg.copy or cfg.registries):
         return cfg
+    assert requester is not None  # only a requester's job may be refused them (Job.may_read_untracked)
     what = " and ".join(f"{k} ({', '.join(v)})" for k, v in (("copy", cfg.copy), ("registries", cfg.registries)) if v)
-    job.risks.append(f"the repo's {what} not used for {requester.name if requester else 'this'} job: they need the "
+    job.risks.append(f"the repo's {what} not used for {requester.name} job: they need the "
                      "privilege validateCommand needs (whatever validation can read, its requester reads in the "
                      "output)")
     return dataclasses.replace(cfg, copy=(), registries=())

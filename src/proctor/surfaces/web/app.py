@@ -292,10 +292,10 @@ def routes(site: Site) -> APIRouter:
 
     def do_land(ledger: Ledger, job: jobs_mod.Job, form: dict[str, str]) -> Outcome:
         # What lands is what the person saw: the whole patch, the very one the page was made from.
-        now = views.diff_view(job)
-        if not now.digest or form.get("shown") != now.digest:
+        now = views.landable_digest(job)
+        if not now or form.get("shown") != now:
             why = ("the page does not show all of this job's diff (a line, file or part of one is cut): read it "
-                   "with `proctor diff`, then `proctor land`" if not now.digest else
+                   "with `proctor diff`, then `proctor land`" if not now else
                    "the diff is not the one this page showed: reload the page and read it again")
             jobs_mod.note(ledger, "review.land", {"ok": False, "code": "NOT_AS_SHOWN", "jobId": job.job_id,
                                                   "via": "web", "reason": why}, job.job_id)

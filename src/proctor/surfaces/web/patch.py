@@ -265,12 +265,12 @@ def _file(section: bytes, budget: int, byte_budget: int = MAX_PAGE_BYTES, colour
 _FILE_START = re.compile(rb"^diff --git ", re.MULTILINE)
 
 
-def split(patch: bytes) -> Page:
+def split(patch: bytes, colour_chars: int = HIGHLIGHT_MAX_CHARS) -> Page:
     """The patch's files, within the page's limits (a file past them is counted in `cut_files`, and named)."""
     starts = [m.start() for m in _FILE_START.finditer(patch)]
     bounds = list(zip(starts, [*starts[1:], len(patch)], strict=True))
     files: list[FileDiff] = []
-    budget, byte_budget, colour = MAX_TOTAL_LINES, MAX_PAGE_BYTES, [HIGHLIGHT_MAX_CHARS]
+    budget, byte_budget, colour = MAX_TOTAL_LINES, MAX_PAGE_BYTES, [colour_chars]
     for a, b in bounds:
         if budget <= 0 or byte_budget <= 0:
             break

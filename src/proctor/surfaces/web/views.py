@@ -116,6 +116,15 @@ def shown_digest(patch_bytes: bytes) -> str:
     return hashlib.sha256(patch_bytes).hexdigest()
 
 
+def landable_digest(job: jobs_mod.Job) -> str:
+    """The digest a page of this job's diff carries now (`DiffView.digest`), "" when it would cut anything:
+    the same cuts as the page, without colouring it (a land needs the limits, not the highlighting)."""
+    got = diff(job) if job.commit is not None else None
+    if not isinstance(got, Diff):
+        return ""
+    return shown_digest(got.patch) if patch.split(got.patch, colour_chars=0).whole else ""
+
+
 def diff_view(job: jobs_mod.Job) -> DiffView:
     if job.commit is None:
         return DiffView(None, "", "the job has no commit (it was refused, failed before its tree was built, "
