@@ -114,10 +114,23 @@ def test_the_stream_keeps_its_quota_and_a_full_lane_refuses_new_jobs(tmp_path, n
     assert outcomes[2].startswith("full: the queue is full for quotahost/default: maximum messages per subject"), outcomes
 
 
+def _post_in_turn(apps, envelopes):
+    """POST each envelope to the apps in turn (the first to apps[0], the next to apps[1], ...)."""
+    clients = [TestClient(app, base_url="http://127.0.0.1") for app in apps]
+    for c in clients:
+        c.__enter__()
+    try:
+        return [clients[i % len(clients)].post("/v1/jobs", json=e.to_dict()) for i, e in enumerate(envelopes)]
+    finally:
+        for c in clients:
+            c.__exit__(None, None, None)
+
+
 def test_one_signer_gets_its_share_and_the_others_keep_theirs(tmp_path):
     """A busy (or stolen) key cannot take every sender's room: past its share in a minute a signer's POST is
-    429 SIGNER_QUOTA with Retry-After, while another trusted signer's job is still taken."""
-    from proctor.surfaces.api.guard import HttpLimits
+    429 SIGNER_QUOTA with Retry-After, while another trusted signer's job is still taken; in the next
+    minute the signer has its share again."""
+    from proctor.surfaces.api.quota import Quota
 
     trusted_home(tmp_path)
     queue = MemoryBackend()
@@ -126,14 +139,43 @@ def test_one_signer_gets_its_share_and_the_others_keep_theirs(tmp_path):
     async def factory():
         return queue
 
-    app = create_app(factory, load_trust(tmp_path), SentStore(tmp_path),
-                     limits=HttpLimits(jobs_per_signer_per_minute=3))
+    now = [6_000_030.0]  # half a minute into a window, on a clock the test moves
+    app = create_app(factory, load_trust(tmp_path), SentStore(tmp_path), quota=Quota(3, clock=lambda: now[0]))
+    admin_key = keys.load("admin", tmp_path)
+    (theirs,) = sender.build(targets=[HOST], kind="noop", lane="default", payload={}, signer=admin_key)
     with TestClient(app, base_url="http://127.0.0.1") as http:
         mine = [http.post("/v1/jobs", json=sealed(tmp_path).to_dict()) for _ in range(4)]
-        admin_key = keys.load("admin", tmp_path)
-        (theirs,) = sender.build(targets=[HOST], kind="noop", lane="default", payload={}, signer=admin_key)
         other = http.post("/v1/jobs", json=theirs.to_dict())
+        now[0] += 30
+        later = http.post("/v1/jobs", json=sealed(tmp_path).to_dict())
     assert [r.status_code for r in mine] == [202, 202, 202, 429], [r.text for r in mine]
-    assert mine[3].json()["code"] == "SIGNER_QUOTA" and int(mine[3].headers["retry-after"]) >= 1
+    assert mine[3].json()["code"] == "SIGNER_QUOTA" and mine[3].headers["retry-after"] == "30"
     assert other.status_code == 202, other.text  # the control: another signer's share is its own
-    assert len(queue.lanes[(HOST, "default")]) == 4
+    assert later.status_code == 202, later.text  # the next window
+    assert len(queue.lanes[(HOST, "default")]) == 5
+
+
+def test_a_signers_share_is_the_fleets_not_one_per_api_server(tmp_path, nats_url):
+    """Two API servers on one real NATS server draw on the same share: the signer's fourth job is refused by
+    whichever server gets it, and a server that has never seen the signer refuses it too. Control: a second
+    signer's job through the same servers is taken."""
+    from proctor.surfaces.api.quota import Quota
+
+    trusted_home(tmp_path)
+    now = 7_000_000.0 + (time.time_ns() % 1000) * 60  # a window of this test's own on the shared server
+
+    async def factory():
+        queue = await JetStreamBackend.connect(nats_url)
+        await queue.ensure_lane(HOST, "default", slots=1, ack_wait_s=5)
+        return queue
+
+    apps = [create_app(factory, load_trust(tmp_path), SentStore(tmp_path / f"sent{i}"),
+                       quota=Quota(3, clock=lambda: now)) for i in range(3)]
+    admin_key = keys.load("admin", tmp_path)
+    (theirs,) = sender.build(targets=[HOST], kind="noop", lane="default", payload={}, signer=admin_key)
+    got = _post_in_turn(apps[:2], [sealed(tmp_path) for _ in range(4)])
+    fresh = _post_in_turn(apps[2:], [sealed(tmp_path), theirs])
+    assert [r.status_code for r in got] == [202, 202, 202, 429], [r.text for r in got]
+    assert got[3].json()["code"] == "SIGNER_QUOTA"
+    assert fresh[0].status_code == 429 and fresh[0].json()["code"] == "SIGNER_QUOTA", fresh[0].text
+    assert fresh[1].status_code == 202, fresh[1].text  # the control

@@ -47,6 +47,9 @@ def message_id(job_id: str, digest: str) -> str:
     return f"{job_id}.{digest[:32]}"
 
 
+QUOTA_KEY_TTL_S = 600.0  # a quota key counts one window (a minute); kept a while past it, then dropped
+
+
 class Delivery(Protocol):
     """One delivery of one job message. `seq` is stable across redeliveries; `delivery` counts from 1."""
 
@@ -78,6 +81,12 @@ class QueueBackend(Protocol):
     async def has_listener(self, host: str, lane: str) -> bool:
         """Whether a listener of `host` has ever opened `lane` (its durable consumer exists): a job for any
         other host or lane is kept for no one, so the HTTP API takes none (issue 41)."""
+        ...
+
+    async def take_slot(self, key: str, limit: int) -> bool:
+        """Count one against `key` when fewer than `limit` were counted there, atomically for every client of
+        the engine (a principal's share across all the fleet's API servers: surfaces.api.quota). False: the
+        key is full and nothing was counted. Keys are forgotten after `QUOTA_KEY_TTL_S`."""
         ...
 
     async def fetch(self, host: str, lane: str, max_n: int, timeout_s: float) -> list[Delivery]: ...

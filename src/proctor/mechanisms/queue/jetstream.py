@@ -37,7 +37,7 @@ from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DiscardPolicy, KeyValueConfig, RetentionPolicy, StreamConfig
 from nats.js.kv import KeyValue
 
-from proctor.mechanisms.queue.backend import check_name
+from proctor.mechanisms.queue.backend import QUOTA_KEY_TTL_S, check_name
 from proctor.mechanisms.queue.envelope import MAX_ENVELOPE_BYTES, MAX_TTL_S
 
 T = TypeVar("T")
@@ -45,6 +45,9 @@ STREAM = "PROCTOR_JOBS"
 SUBJECT_PREFIX = "proctor.jobs"
 BUCKETS = ("proctor_jobs", "proctor_results", "proctor_running", "proctor_cancel")
 RECORD_TTL_S = 14 * 24 * 3600.0
+# The principals' shares (take_slot): made on first use by a sender that counts one, never by a listener.
+QUOTA_BUCKET = "proctor_quota"
+QUOTA_RACES = 64  # compare-and-set attempts before a share is called uncountable
 # The stream's quota (issue 41: 150 envelopes of ~1 MB for a host that does not exist grew it to 146 MB, kept
 # for ever): no message outlives the longest envelope (and an hour), the whole stream holds at most 1 GiB,
 # and one host's lane (a subject) at most 10,000 waiting jobs; past either, a new publish is refused
@@ -329,6 +332,39 @@ class JetStreamBackend:
         except nats.js.errors.NotFoundError:
             return False
         return True
+
+    async def take_slot(self, key: str, limit: int) -> bool:
+        kv = await self._quota_kv()
+        for _ in range(QUOTA_RACES):
+            try:
+                entry = await self._retrying(lambda: kv.get(key))
+            except nats.js.errors.KeyNotFoundError:
+                entry = None
+            count = int(entry.value or b"0") if entry is not None else 0
+            if count >= limit:
+                return False
+            try:
+                # Compare-and-set on the key's revision: two servers counting at once cannot both take the
+                # last slot. A write whose ack was lost and is retried reads as a lost race and counts again:
+                # the share errs short, never long.
+                if entry is None:
+                    await self._retrying(lambda: kv.create(key, b"1"))
+                else:
+                    await self._retrying(lambda: kv.update(key, str(count + 1).encode(), last=entry.revision))
+                return True
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue
+        raise RuntimeError(f"the quota key {key} changed under {QUOTA_RACES} attempts in a row")
+
+    async def _quota_kv(self) -> KeyValue:
+        if QUOTA_BUCKET not in self.kv:
+            js = self.nc.jetstream()
+            try:
+                self.kv[QUOTA_BUCKET] = await js.key_value(QUOTA_BUCKET)
+            except nats.js.errors.BucketNotFoundError:  # two servers making it at once make the same one
+                self.kv[QUOTA_BUCKET] = await js.create_key_value(KeyValueConfig(
+                    bucket=QUOTA_BUCKET, history=1, ttl=QUOTA_KEY_TTL_S, replicas=min(3, self.cluster_size())))
+        return self.kv[QUOTA_BUCKET]
 
     async def fetch(self, host: str, lane: str, max_n: int, timeout_s: float) -> list[JetStreamDelivery]:
         try:

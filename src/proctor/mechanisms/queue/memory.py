@@ -98,6 +98,14 @@ class MemoryBackend:
     async def has_listener(self, host: str, lane: str) -> bool:
         return (host, lane) in self.ack_wait
 
+    async def take_slot(self, key: str, limit: int) -> bool:
+        slots = self.kv.setdefault("quota", {})
+        count = int(slots.get(key, b"0"))
+        if count >= limit:
+            return False
+        slots[key] = str(count + 1).encode()
+        return True
+
     async def fetch(self, host: str, lane: str, max_n: int, timeout_s: float) -> list[MemoryDelivery]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s

@@ -131,6 +131,7 @@ def create_app(
     limits: HttpLimits | None = None,
     review: Site | None = None,
     read_token: str | None = None,
+    quota: Quota | None = None,
 ) -> FastAPI:
     """`sent`: where this API records the envelopes it accepted (default: `$PROCTOR_HOME/queue-sent`). A job's
     state and result are bound to that record (the host its envelope named, its digest), never to the job
@@ -142,7 +143,8 @@ def create_app(
 
     `backend_factory` None: no queue (`proctor serve --no-queue`); every /v1 route answers 503
     QUEUE_DISABLED. `review`: the review page (proctor.surfaces.web) under /review, behind the same guard.
-    `read_token`: this install's token, which reads any job (`reads`); None: only signed reads."""
+    `read_token`: this install's token, which reads any job (`reads`); None: only signed reads. `quota`: a
+    signer's share of POST /v1/jobs (default: `limits.jobs_per_signer_per_minute` a wall-clock minute)."""
     state: dict[str, QueueBackend] = {}
     sent_store = sent or SentStore()
 
@@ -169,7 +171,7 @@ def create_app(
         return state["backend"]
 
     limits = limits or HttpLimits()
-    quota = Quota(limits.jobs_per_signer_per_minute)
+    quota = quota or Quota(limits.jobs_per_signer_per_minute)
     app = FastAPI(title="proctor queue", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   swagger_ui_oauth2_redirect_url=None)
     app.add_middleware(RequestGuard, names=allowed_names(bind, allow_hosts), limits=limits)
@@ -236,10 +238,14 @@ def create_app(
             raise ApiError(400, "MALFORMED", "envelope body needs string kind, target, lane and a jobId [A-Za-z0-9_-]")
         if signer is None or kind not in signer.kinds:
             raise ApiError(403, "KIND_NOT_ALLOWED", f"signer may not send kind {kind!r}")
-        wait = quota.take(signer.name)
+        try:
+            wait = await quota.take(signer.name, queue)
+        except Exception as exc:  # noqa: BLE001 - a share that cannot be counted is not granted
+            raise ApiError(503, "QUEUE_UNAVAILABLE",
+                           f"the signer's share could not be counted: {type(exc).__name__}: {exc}") from None
         if wait is not None:
-            raise ApiError(429, "SIGNER_QUOTA", f"signer {signer.name} sent {quota.per_window} jobs in the last "
-                           f"{quota.window_s:.0f} s, its share: retry in {wait:.0f} s",
+            raise ApiError(429, "SIGNER_QUOTA", f"signer {signer.name} sent {quota.per_window} jobs in this "
+                           f"{quota.window_s:.0f} s window, its share: retry in {wait:.0f} s",
                            {"Retry-After": str(max(1, round(wait)))})
         problems = sender.validate_payload(kind, f.get("payload"))
         try:
