@@ -116,6 +116,17 @@ class RunAgentRequest(BaseModel):
     # the job's run whatever the base did (SWE-bench's FAIL_TO_PASS): a test failing on the base and still
     # failing is otherwise pre-existing, not the job's failure.
     must_pass: list[str] | None = Field(default=None, alias="mustPass")
+    # Additive: a follow-up. The id of an earlier job of this repo whose work this one continues: the agent
+    # starts from that job's tree with `task` as its new brief, and the job is judged, diffed and landed
+    # against the chain's first base (what the chain as a whole fixed and broke). The person's own only.
+    continues: str | None = None
+
+    @field_validator("continues")
+    @classmethod
+    def _continues(cls, v: str | None) -> str | None:
+        if v is not None and not (TICKET_RE.fullmatch(v) and len(v) <= 200):
+            raise ValueError(f"continues {v[:80]!r} must be a job id ([A-Za-z0-9._-]+)")
+        return v
 
     @field_validator("must_pass")
     @classmethod
@@ -235,6 +246,9 @@ class RunAgentResult(BaseModel):
     holdout: dict[str, Any] | None = None
     # The job's commit (the tree `changed_files` lists, on `branch` in the job's own repo at worktreePath).
     commit: str | None = None
+    # A follow-up's chain, oldest first: the jobs whose work it started from (the request's `continues`
+    # and what that one continued). Its diff, verdict and landing are against the first one's base.
+    chain: list[str] = Field(default_factory=list)
     # What the agent's CLI reported it used, read from a field of its own protocol: tokens_in (cached input
     # included), tokens_out, tokens_cached, usd (None when the CLI states no cost), source. None when the CLI
     # said nothing (a text CLI, a run cut short).

@@ -15,7 +15,7 @@ from proctor.mechanisms.ledger.store import LedgerError
 from proctor.mechanisms.policy.breaker import Breaker, evidence_for
 from proctor.mechanisms.policy.governor import Booking
 from proctor.mechanisms.policy.windows import iso
-from proctor.services.job import record
+from proctor.services.job import continued, record
 from proctor.services.job.attempts import missing_program
 from proctor.services.job.boundary import agent_env
 from proctor.services.job.context import Job
@@ -37,6 +37,7 @@ class Admitted:
     pool: str
     booking: Booking
     settings: worktree.Base  # the commit whose `.proctor.toml` the job's settings come from
+    earlier: continued.Earlier | None = None  # a follow-up's: the job whose tree it starts from
 
 
 def admit(job: Job, breaker: Breaker) -> Admitted | RunAgentResult:
@@ -46,7 +47,13 @@ def admit(job: Job, breaker: Breaker) -> Admitted | RunAgentResult:
     repo = worktree.open_repo(req.repo)
     if isinstance(repo, worktree.Failure):
         return refused(req, [f"invalid request: {repo.reason}"], Code.INVALID_REQUEST, job.start)
-    base = _base(job, repo)
+    earlier = continued.resolve(job, repo) if req.continues else None
+    if isinstance(earlier, str):
+        return refused(req, [f"invalid request: {earlier}"], Code.INVALID_REQUEST, job.start)
+    if earlier is not None and req.branch:
+        return refused(req, ["invalid request: a follow-up starts from the job it continues, on that job's base: "
+                             "give continues or branch, not both"], Code.INVALID_REQUEST, job.start)
+    base = earlier.base if earlier is not None else _base(job, repo)
     if isinstance(base, worktree.Failure):
         return refused(req, [f"invalid request: {base.reason}"], Code.INVALID_REQUEST, job.start)
     # Whose `.proctor.toml` the job trusts: the base's for the person; for anyone else the default branch's,
@@ -63,10 +70,11 @@ def admit(job: Job, breaker: Breaker) -> Admitted | RunAgentResult:
     # The argv is built (and a too-large prompt refused) before anything is created on disk.
     wt_path = worktree.path_for(repo, job.job_id)
     prompt_file = job.agent_tmp / "prompt.md" if spec.prompt == "file" else None
+    task = continued.prompt(req.task, earlier) if earlier is not None else req.task
     if prompt_file is not None:
-        prompt_file.write_text(req.task, encoding="utf-8")
+        prompt_file.write_text(task, encoding="utf-8")
     env = agent_env(job, wt_path)
-    inv = build(spec, req.task, wt_path, prompt_file, env, gate_dir=gate_dir(job) if spec.gate else None)
+    inv = build(spec, task, wt_path, prompt_file, env, gate_dir=gate_dir(job) if spec.gate else None)
     if isinstance(inv, Refused):
         return refused(req, [inv.reason], Code(inv.code), job.start)
     # Before any worktree, probe or sandbox: inside one, a missing program read as a confinement refusal
@@ -97,7 +105,7 @@ def admit(job: Job, breaker: Breaker) -> Admitted | RunAgentResult:
         out.breaker = {"pool": pool, "admitted": False, "retry_at": admission.retry_at}
         out.budget = _settle(job, booking)
         return out
-    return Admitted(repo, base, confiner, inv, env, pool, booking, settings)
+    return Admitted(repo, base, confiner, inv, env, pool, booking, settings, earlier)
 
 
 def _base(job: Job, repo: worktree.Repo) -> worktree.Base | worktree.Failure:

@@ -22,7 +22,7 @@ from proctor.mechanisms.process.spawn import Spawn
 from proctor.mechanisms.validation import environment
 from proctor.mechanisms.validation import plan as vplan
 from proctor.mechanisms.evidence.baseline import Baseline
-from proctor.services.job import baseline, gate
+from proctor.services.job import continued, baseline, gate
 from proctor.services.job.admit import Admitted
 from proctor.services.job.agent_version import VERSION_TIMEOUT_S, agent_version, executable, inside
 from proctor.services.job.boundary import (confine_agent, hide_holdout, hide_home, main_repo, person_checkout_hidden,
@@ -114,6 +114,13 @@ def prepare(job: Job, admitted: Admitted, result: RunAgentResult) -> Prepared | 
     base = baseline.baseline(job, wt, plan, env, result)
     if isinstance(base, baseline.NotRunnable):
         return None
+    if admitted.earlier is not None:  # a follow-up: the chain's work, laid over the base its run was of
+        job.progress.phase(f"laying job {admitted.earlier.job.job_id}'s tree over the base")
+        why = continued.lay(job, wt, admitted.earlier)
+        if why is not None:
+            result.code, result.summary = Code.HOST_ERROR, f"the earlier job's tree could not be laid: {why}"
+            job.risks.append(f"{result.summary}; nothing was launched")
+            return None
     return Prepared(wt, plan, cplan, agent_env, env, limited, base)
 
 

@@ -291,7 +291,8 @@ def recorded(request: Any, ledger: Ledger, job_id: str, start: float, progress: 
         return refused(request, [f"{space}; nothing was launched"], Code.DISK_FULL, start)
     try:
         ledger.append("job.start", {"jobId": job_id, "agent": request.agent, "ticket": request.ticket,
-                                    "repo": request.repo, "mode": request.mode, "branch": request.branch},
+                                    "repo": request.repo, "mode": request.mode, "branch": request.branch,
+                                    **({"continues": request.continues} if getattr(request, "continues", None) else {})},
                       job_id=job_id)
     except LedgerError as exc:
         return refused(request, [f"the job's start could not be recorded ({exc}); nothing was launched"],

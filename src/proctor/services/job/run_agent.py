@@ -139,7 +139,8 @@ def _phases(job: Job, breaker: Breaker) -> RunAgentResult:
     if isinstance(admitted, RunAgentResult):
         return admitted
     result = RunAgentResult(status=Status.failed, agent=job.request.agent, job_id=job.job_id,
-                            base_ref=admitted.base.ref, mode=job.request.mode, code=Code.HOST_ERROR)
+                            base_ref=admitted.base.ref, mode=job.request.mode, code=Code.HOST_ERROR,
+                            chain=list(admitted.earlier.chain) if admitted.earlier is not None else [])
     try:
         try:
             prepared = prepare.prepare(job, admitted, result)

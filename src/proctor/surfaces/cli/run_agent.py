@@ -32,7 +32,8 @@ EXIT_CANCELLED = 130
 FLAGS = {"agent": "--agent", "task": "--task", "repo": "--repo", "ticket": "--ticket", "branch": "--branch",
          "mode": "--mode", "timeoutSec": "--timeout", "timeout_sec": "--timeout", "validateCommand": "--validate-cmd",
          "validate_command": "--validate-cmd", "confine": "--confine", "taskDecl": "--task-decl",
-         "task_decl": "--task-decl", "mustPass": "--must-pass", "must_pass": "--must-pass"}
+         "task_decl": "--task-decl", "mustPass": "--must-pass", "must_pass": "--must-pass",
+         "continues": "--continue"}
 REQUIRED = {"task": "--task or --task-file"}
 
 
@@ -136,16 +137,22 @@ def emit(result: RunAgentResult, progress: RichProgress | NullProgress | None = 
                                                "the agent's CLI is decided against (default: derived from the job).")
 @click.option("--must-pass", "must_pass", multiple=True, help="A test id (as its runner names it: "
               "tests/test_x.py::test_y) that must pass whatever the base did; repeatable.")
+@click.option("--continue", "continues", metavar="JOB", help="A follow-up: start from JOB's tree with this "
+              "--task as the new brief, judged against JOB's base (what the chain did as a whole); --agent, "
+              "--repo and --ticket default to JOB's.")
 def run_agent_cmd(agent, task, task_file, repo, ticket, branch, mode, timeout, validate_cmd, confine, config_file,
-                  task_decl, must_pass) -> None:
+                  task_decl, must_pass, continues) -> None:
     """Have an agent do a task in a fresh worktree; print the v1 result JSON (exit 0 only if completed,
     130 when SIGINT or SIGTERM cancelled it)."""
     start = time.monotonic()
     # First: a signal from here on cancels the job, and one before it is launched launches nothing.
     interrupt = Interrupt(NullProgress())
     interrupt.install()
+    if continues:  # the job continued gives what was not said: the same agent, repo and ticket
+        agent, repo, ticket = _continued_defaults(continues, agent, repo, ticket)
     raw: dict = {"agent": agent, "repo": os.path.abspath(repo) if repo else repo, "ticket": ticket,
-                 "branch": branch, "mode": mode, "validateCommand": validate_cmd, "confine": confine}
+                 "branch": branch, "mode": mode, "validateCommand": validate_cmd, "confine": confine,
+                 "continues": continues}
     if timeout is not None:
         raw["timeoutSec"] = timeout
     if must_pass:
@@ -182,3 +189,23 @@ def run_agent_cmd(agent, task, task_file, repo, ticket, branch, mode, timeout, v
     interrupt.progress = progress = for_stderr()
     result = run_agent(request, config=config, progress=progress, cancel=interrupt.cancel)
     emit(result, progress, interrupt.received)
+
+
+def _continued_defaults(ident: str, agent: str | None, repo: str | None,
+                        ticket: str | None) -> tuple[str | None, str | None, str | None]:
+    """The agent, repo and ticket of the job `ident` names where the flags left them out; unchanged when it
+    cannot be read (the host refuses the request then, saying why)."""
+    from proctor.mechanisms.ledger.store import Ledger
+    from proctor.services.review import jobs
+
+    try:
+        ledger = Ledger.default()
+    except Exception:  # noqa: BLE001 - the host opens it again and refuses with the reason
+        return agent, repo, ticket
+    try:
+        found = jobs.find(ledger, ident)
+    finally:
+        ledger.close()
+    if not isinstance(found, jobs.Job):
+        return agent, repo, ticket
+    return agent or found.agent, repo or found.repo, ticket or found.ticket
