@@ -261,6 +261,32 @@ class RunAgentResult(BaseModel):
         return self.model_dump_json(by_alias=True, indent=2)
 
 
+class RaceResult(BaseModel):
+    """A race: one task given to several agents (or several attempts of one), each its own job, and their
+    ranking by what the host measured (proctor.services.race). `winner` is the first-ranked job when its
+    verdict needs no person; `ranking` gives every job's place and the reasons for it, best first; `jobs`
+    each job's own v1 result, in the order they were asked. Additive only, like the result."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+
+    race_id: str = Field(alias="raceId")
+    status: Status
+    code: Code = Code.OK
+    summary: str = ""
+    winner: str | None = None
+    ranking: list[dict[str, Any]] = Field(default_factory=list)
+    jobs: list[RunAgentResult] = Field(default_factory=list)
+    duration_seconds: float = Field(default=0.0, alias="durationSeconds")
+    # The spend governor's view of the race as a whole: how many runs the budgets had room for when it
+    # was refused whole (nothing launched), else None.
+    budget: dict[str, Any] | None = None
+    # A landing the repo's auto_land policy made of the winner (proctor.services.review.auto), else None.
+    landed: dict[str, Any] | None = None
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True, indent=2)
+
+
 def request_errors(exc: ValidationError) -> list[str]:
     """Turn pydantic's errors into one readable line each, naming the field by its wire name."""
     out = []

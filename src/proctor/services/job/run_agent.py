@@ -26,7 +26,7 @@ from proctor.mechanisms.config.model import Config
 from proctor.mechanisms.confine import cgroup
 from proctor.mechanisms.ledger.store import Ledger, LedgerFull
 from proctor.mechanisms.policy.breaker import Breaker
-from proctor.mechanisms.policy.governor import Spend, UsageGovernor
+from proctor.mechanisms.policy.governor import Booking, Spend, UsageGovernor
 from proctor.mechanisms.policy.stop import StopSwitch
 from proctor.mechanisms.policy.tally import SqliteTally
 from proctor.mechanisms.policy.trusted import Policy, PolicyError
@@ -50,6 +50,7 @@ def run_agent(
     stop: StopSwitch | None = None,
     spend: Spend | None = None,
     requester: Requester | None = None,
+    booked: Booking | None = None,
 ) -> RunAgentResult:
     """Have `request.agent` do `request.task` in a new worktree of `request.repo`; never raises for a bad
     request or a misbehaving agent: every outcome is a result with a status and a code.
@@ -59,6 +60,10 @@ def run_agent(
 
     `requester`: who asked, when not the person at this machine (a queue signer, an MCP client): such a job
     never picks the config proctor trusts (proctor.contract.Requester).
+
+    `booked`: the job's booking made before it was asked (a race books all its runs before any launches);
+    it is settled or released as the job's own would be, and a job refused before admission books nothing
+    of it (the caller releases it: its `budget` stays None).
 
     `cancel` is polled while the agent and validation run (as is the stop switch); a reason kills the whole
     tree. Every job writes a `job.start` row before anything happens and a `job.end` row with its verdict,
@@ -83,7 +88,8 @@ def run_agent(
     job_id = job_id or record.new_job_id()
     try:
         def body(live: Progress) -> RunAgentResult:
-            return _job(request, config, runner, live, cancel, job_id, ledger, stop, start, spend, requester)
+            return _job(request, config, runner, live, cancel, job_id, ledger, stop, start, spend, requester,
+                        booked)
 
         result = record.recorded(request, ledger, job_id, start, progress, body)
         result.job_id = job_id
@@ -95,7 +101,8 @@ def run_agent(
 
 def _job(request: RunAgentRequest, config: Config | None, runner: ProcessRunner | None, progress: Progress,
          cancel: Callable[[], str | None] | None, job_id: str, ledger: Ledger, stop: StopSwitch | None,
-         start: float, spend: Spend | None, requester: Requester | None = None) -> RunAgentResult:
+         start: float, spend: Spend | None, requester: Requester | None = None,
+         booked: Booking | None = None) -> RunAgentResult:
     """The job's state made from this machine's config and trusted policy (refused when either is
     unusable), its phases run, and its private dirs and proxies gone whatever happened."""
     try:
@@ -123,7 +130,8 @@ def _job(request: RunAgentRequest, config: Config | None, runner: ProcessRunner 
     limits = config.limits.resolve()
     job = Job(request, config, runner or LocalRunner(limits=limits), progress, cancel, job_id, start, ledger,
               stop or StopSwitch(), spec, limits, Path(tempfile.mkdtemp(prefix=f"proctor-{job_id}-")),
-              Path(tempfile.mkdtemp(prefix=f"proctor-host-{job_id}-")), governor=governor, requester=requester)
+              Path(tempfile.mkdtemp(prefix=f"proctor-host-{job_id}-")), governor=governor, requester=requester,
+              booked=booked)
     try:
         return _phases(job, breaker)
     finally:

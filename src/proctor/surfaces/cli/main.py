@@ -24,6 +24,7 @@ COMMANDS = {
     "enqueue": "queue", "send": "queue", "listen": "queue", "job": "queue", "cancel": "queue",
     "jobs": "review", "show": "review", "diff": "review", "land": "review", "discard": "review", "gc": "review",
     "run-agent": "run_agent",
+    "race": "race",
     "schema": "schema",
     "serve": "serve",
     "usage": "usage",

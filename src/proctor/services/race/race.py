@@ -1,0 +1,207 @@
+"""A race: one task to several agents (or several attempts of one) side by side, then their ranking.
+
+Owns running the jobs together and what binds them: the race's id, its `race.start` and `race.end` ledger
+rows (its jobs, then its ranking), and its booking. Each job is an ordinary run_agent job — its own
+worktree, confinement, gate, booking and validation — so each stays reviewable and landable alone. The
+budgets are booked for every run before any launches: a race the budgets cannot hold whole is refused whole,
+saying how many of its runs would fit, rather than starting some and starving the rest. The ranking is
+rank.py's; the diff sizes it weighs are read through the host's git dir over each job's objects (never the
+job's own git dir), as review reads them.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from proctor.contract import Code, RaceResult, RunAgentRequest, RunAgentResult, Status
+from proctor.mechanisms.config.model import Config
+from proctor.mechanisms.git.command import git
+from proctor.mechanisms.ledger.store import Ledger, LedgerError
+from proctor.mechanisms.policy.governor import Booking, UsageGovernor
+from proctor.mechanisms.policy.tally import SqliteTally
+from proctor.mechanisms.policy.trusted import Policy, PolicyError
+from proctor.mechanisms.process.spawn import Watch
+from proctor.services.job.progress import NullProgress, Progress
+from proctor.services.job.record import new_job_id
+from proctor.services.job.run_agent import run_agent
+from proctor.services.race.rank import rank
+from proctor.services.review import jobs
+from proctor.services.review.objects import open_objects
+from proctor.services.review.outcome import Outcome
+
+MAX_RUNS = 16  # jobs in one race: each is a worktree, a sandbox and an agent
+DEFAULT_PARALLEL = 2  # at once: one a core of this kind of machine; more only queue on the CPU
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One run of the race as its watcher sees it: which job, which agent, and its number (1-based)."""
+
+    number: int
+    job_id: str
+    agent: str
+
+
+class LaneProgress:
+    """A job's Progress told to the race's watcher with the lane it is (`on_phase(lane, phase)`)."""
+
+    def __init__(self, lane: Lane, on_phase: Callable[[Lane, str], None]) -> None:
+        self.lane, self._on_phase = lane, on_phase
+
+    def phase(self, name: str) -> None:
+        self._on_phase(self.lane, name)
+
+    def watch(self, inner: Watch | None) -> Watch | None:
+        return inner
+
+    def done(self, result: RunAgentResult) -> None:
+        self._on_phase(self.lane, f"ended {result.status.value} ({result.code.value})")
+
+
+def race_errors(requests: Sequence[RunAgentRequest], parallel: int) -> list[str]:
+    """What makes a set of requests no race: too few or too many, or not one task in one repo."""
+    out = []
+    if not 2 <= len(requests) <= MAX_RUNS:
+        out.append(f"a race runs 2 to {MAX_RUNS} jobs, not {len(requests)}")
+    if len({(r.task, r.repo, r.branch, r.validate_command, r.continues) for r in requests}) > 1:
+        out.append("a race's jobs share one task, repo, branch, validation and follow-up: only the agent differs")
+    if parallel < 1:
+        out.append(f"parallel must be at least 1, not {parallel}")
+    return out
+
+
+def race(requests: Sequence[RunAgentRequest], *, parallel: int = DEFAULT_PARALLEL, config: Config | None = None,
+         on_phase: Callable[[Lane, str], None] | None = None, cancel: Callable[[], str | None] | None = None,
+         governor: UsageGovernor | None = None) -> RaceResult:
+    """Run `requests` (one task, one agent each) up to `parallel` at once; never raises for a bad request or a
+    misbehaving agent. `governor`: where the race is booked (default: the trusted policy's budgets in this
+    home's tally, as a job's own)."""
+    start = time.monotonic()
+    race_id = f"race-{new_job_id()}"
+    errors = race_errors(requests, parallel)
+    if errors:
+        return _refused(race_id, Code.INVALID_REQUEST, "; ".join(errors), start)
+    ids: list[str] = []
+    while len(ids) < len(requests):
+        one = new_job_id()
+        if one not in ids:
+            ids.append(one)
+    own_governor = governor is None
+    if governor is None:
+        try:
+            governor = UsageGovernor(Policy.load().budgets, SqliteTally.default)
+        except PolicyError as exc:
+            return _refused(race_id, Code.CONFIG_INVALID, f"the trusted policy cannot be read: {exc}", start)
+    try:
+        booked = _book_all(governor, requests, ids)
+        if isinstance(booked, RaceResult):
+            booked.race_id, booked.duration_seconds = race_id, round(time.monotonic() - start, 3)
+            return booked
+        return _run(race_id, requests, ids, booked, governor, parallel, config, on_phase, cancel, start)
+    finally:
+        if own_governor:
+            governor.close()
+
+
+def _book_all(governor: UsageGovernor, requests: Sequence[RunAgentRequest],
+              ids: list[str]) -> list[Booking] | RaceResult:
+    """Every run booked, or none: the first denial takes back what was booked before it."""
+    booked: list[Booking] = []
+    for request, job_id in zip(requests, ids):
+        got = governor.book(request.agent, job_id)
+        if isinstance(got, Booking):
+            booked.append(got)
+            continue
+        for b in booked:
+            governor.release(b)
+        fit = len(booked)
+        why = got.reason if got.code is Code.BUDGET_UNAVAILABLE else (
+            f"the spend budgets have room for {fit} of the race's {len(requests)} runs "
+            f"({got.over[0].line() if got.over else got.reason}); nothing was launched")
+        out = _refused("", got.code, why, time.monotonic())
+        out.status = Status.rate_limited if got.code is Code.BUDGET_DENIED else Status.failed
+        out.budget = {"runs": len(requests), "fit": fit, "denied": got.record()}
+        return out
+    return booked
+
+
+def _run(race_id: str, requests: Sequence[RunAgentRequest], ids: list[str], booked: list[Booking],
+         governor: UsageGovernor, parallel: int, config: Config | None,
+         on_phase: Callable[[Lane, str], None] | None, cancel: Callable[[], str | None] | None,
+         start: float) -> RaceResult:
+    lanes = [Lane(i + 1, job_id, r.agent) for i, (r, job_id) in enumerate(zip(requests, ids))]
+    try:
+        with Ledger.default() as ledger:
+            ledger.append("race.start", {"raceId": race_id, "jobs": ids, "agents": [r.agent for r in requests],
+                                         "repo": requests[0].repo, "ticket": requests[0].ticket,
+                                         "parallel": parallel})
+    except (LedgerError, OSError) as exc:
+        for b in booked:
+            governor.release(b)
+        return _refused(race_id, Code.HOST_ERROR, f"the race's start could not be recorded ({exc}); "
+                        "nothing was launched", start)
+    lock = threading.Lock()
+
+    def told(lane: Lane, phase: str) -> None:
+        if on_phase is not None:
+            with lock:  # one watcher line at a time, whichever job's thread says it
+                on_phase(lane, phase)
+
+    def one(i: int) -> RunAgentResult:
+        progress: Progress = LaneProgress(lanes[i], told) if on_phase is not None else NullProgress()
+        return run_agent(requests[i], config=config, progress=progress, cancel=cancel, job_id=ids[i],
+                         booked=booked[i])
+
+    with ThreadPoolExecutor(max_workers=min(parallel, len(requests)), thread_name_prefix=race_id) as pool:
+        results = list(pool.map(one, range(len(requests))))
+    for b, r in zip(booked, results):
+        if b.parts and r.budget is None:  # refused before admission booked it: it was never the job's
+            governor.release(b)
+    with Ledger.default() as ledger:
+        lines = {r.job_id or "": n for r in results if (n := diff_lines(ledger, r)) is not None}
+        standings = rank(results, lines)
+        ranking = [s.record(i + 1) for i, s in enumerate(standings)]
+        best = standings[0]
+        winner = best.job_id if best.tier == 0 else None
+        ledger.append("race.end", {"raceId": race_id, "winner": winner, "ranking": ranking})
+    top = next(r for r in results if r.job_id == best.job_id)
+    summary = (f"{winner} ({top.agent}) ranked first of {len(results)}: {best.reasons[0]}" if winner
+               else f"no job of {len(results)} was accepted; the best, {best.job_id} ({top.agent}): {best.reasons[0]}")
+    return RaceResult(raceId=race_id, status=Status.completed if winner else Status.failed,
+                      code=Code.OK if winner else top.code, summary=summary, winner=winner, ranking=ranking,
+                      jobs=results, durationSeconds=round(time.monotonic() - start, 3))
+
+
+def diff_lines(ledger: Ledger, result: RunAgentResult) -> int | None:
+    """Lines added and removed by the job's commit against its base, read through a git dir of the host's
+    over the job's objects; None when it has no commit or its objects cannot be read."""
+    if not result.commit or not result.job_id:
+        return None
+    found = jobs.find(ledger, result.job_id)
+    if not isinstance(found, jobs.Job):
+        return None
+    with tempfile.TemporaryDirectory(prefix="proctor-race-") as scratch:
+        objects = open_objects(found, Path(scratch))
+        if isinstance(objects, Outcome):
+            return None
+        res = git(["diff", "--numstat", "--no-renames", "--no-ext-diff", "--no-textconv", objects.base,
+                   objects.commit], git_dir=objects.git_dir)
+    if not res.ok:
+        return None
+    total = 0
+    for line in res.text.splitlines():
+        added, _, rest = line.partition("\t")
+        removed = rest.partition("\t")[0]
+        total += (int(added) if added.isdigit() else 1) + (int(removed) if removed.isdigit() else 0)
+    return total
+
+
+def _refused(race_id: str, code: Code, why: str, start: float) -> RaceResult:
+    return RaceResult(raceId=race_id, status=Status.failed, code=code, summary=why,
+                      durationSeconds=round(time.monotonic() - start, 3))

@@ -1,0 +1,119 @@
+"""A race (issue 42): one task to several agents, each its own job, ranked by what the host measured.
+
+Three scripted agents of different quality on one repo with a held-out test: the correct one ranks first;
+one that hard-codes the visible test passes it and fails the held-out one, and ranks last with that reason,
+below one that plainly fails. Landing the winner moves the target; the others stay reviewable. The budgets
+book every run before any launches: a race they cannot hold whole launches nothing and says how many fit."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from proctor import RunAgentRequest
+from proctor.contract import Code, Status
+from proctor.mechanisms.config.load import load_config
+from proctor.mechanisms.ledger.store import Ledger
+from proctor.services.race import race as race_mod
+from proctor.services.review import jobs
+from proctor.services.review.land import land
+from tests.conftest import make_repo, sh
+
+FILES = {
+    "pyproject.toml": '[project]\nname = "calc"\nversion = "0"\n',
+    "calc.py": "def add(a, b):\n    raise NotImplementedError\n",
+    "tests/test_calc.py": "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n",
+}
+HELD = "from calc import add\n\n\ndef test_add_more():\n    assert add(10, 20) == 30\n"
+AGENTS = {
+    "right": "def add(a, b):\\n    return a + b\\n",
+    "cheat": "def add(a, b):\\n    return 5\\n",  # the visible test's answer, hard-coded
+    "wrong": "def add(a, b):\\n    return a - b\\n",
+}
+
+
+@pytest.fixture(autouse=True)
+def venv_python_first(monkeypatch, lean_python_bin):
+    monkeypatch.setenv("PATH", f"{lean_python_bin}{os.pathsep}{os.environ['PATH']}")
+
+
+def setup(tmp_path: Path, budget: str = "") -> tuple[Path, Path]:
+    repo = make_repo(tmp_path, dict(FILES))
+    hidden = tmp_path / "holdout"
+    (hidden / "tests").mkdir(parents=True)
+    (hidden / "tests" / "test_more.py").write_text(HELD)
+    cfg = tmp_path / "agents.toml"
+    agents = "".join(f'[agents.{name}]\ncommand = ["/bin/sh", "-c", "cat >/dev/null; printf \'{body}\' > calc.py"]\n'
+                     'prompt = "stdin"\nnetwork = false\n' for name, body in AGENTS.items())
+    cfg.write_text(f'[holdout]\n"{repo}" = ["{hidden}"]\n{agents}')
+    return repo, cfg
+
+
+def requests(repo: Path, agents: list[str]) -> list[RunAgentRequest]:
+    return [RunAgentRequest(agent=a, task="make add add", repo=str(repo), ticket="RACE") for a in agents]
+
+
+def test_a_race_ranks_the_right_change_first_and_the_cheat_last(tmp_path):
+    repo, cfg = setup(tmp_path)
+    seen: list[tuple[int, str]] = []
+    out = race_mod.race(requests(repo, ["cheat", "wrong", "right"]), config=load_config(cfg),
+                        on_phase=lambda lane, phase: seen.append((lane.number, phase)))
+    assert out.status is Status.completed and out.code is Code.OK, out.to_json()
+    order = [r["agent"] for r in out.ranking]
+    assert order == ["right", "wrong", "cheat"], json.dumps(out.ranking, indent=1)
+    assert out.winner == out.ranking[0]["jobId"] and out.ranking[0]["tier"] == "accepted"
+    cheat = out.ranking[2]
+    assert cheat["tier"] == "failed the checks it never saw", cheat
+    assert "1 of 1 held-out test(s) did not pass" in cheat["reasons"][0], cheat
+    assert "10" not in " ".join(cheat["reasons"]) and "test_more" not in json.dumps(out.ranking)  # counts only
+    assert out.ranking[1]["tier"] == "failed its tests"
+    assert [j.agent for j in out.jobs] == ["cheat", "wrong", "right"]  # each job's own result, in asked order
+    assert {n for n, _ in seen} == {1, 2, 3} and any(p.startswith("ended") for _, p in seen)  # live, all three
+    with Ledger.default() as ledger:
+        rows = [r for r in ledger.rows(kind="race.end") if r.payload["raceId"] == out.race_id]
+        assert rows and rows[0].payload["winner"] == out.winner
+        landed = land(ledger, jobs.find(ledger, out.winner))
+        assert landed.ok, landed.to_dict()
+        for other in out.ranking[1:]:  # still reviewable
+            found = jobs.find(ledger, other["jobId"])
+            assert isinstance(found, jobs.Job) and found.worktree_exists and found.state == "open"
+    assert "return a + b" in sh("git", "show", "master:calc.py", cwd=repo)
+
+
+def test_a_race_the_budgets_cannot_hold_whole_launches_nothing(tmp_path, monkeypatch):
+    from proctor.mechanisms.policy.governor import UsageGovernor
+    from proctor.mechanisms.policy.tally import SqliteTally
+    from proctor.mechanisms.policy.trusted import Policy
+
+    repo, cfg = setup(tmp_path)
+    (tmp_path / "policy.toml").write_text('[budgets.right]\nagent = "right"\nruns_per_hour = 1\n')
+    budgets = Policy.load(tmp_path).budgets
+
+    def governor():
+        return UsageGovernor(budgets, lambda: SqliteTally(tmp_path / "usage.sqlite3"))
+
+    refused = race_mod.race(requests(repo, ["right", "wrong", "right"]), config=load_config(cfg), governor=governor())
+    assert refused.status is Status.rate_limited and refused.code is Code.BUDGET_DENIED, refused.to_json()
+    assert refused.budget["fit"] == 2 and "room for 2 of the race's 3 runs" in refused.summary
+    assert refused.jobs == [] and not list((repo.parent / "repo-agents").glob("*"))  # nothing launched
+    # The control: two runs fit, and run (the refused race took back what it had booked).
+    fits = race_mod.race(requests(repo, ["right", "wrong"]), config=load_config(cfg), governor=governor())
+    assert fits.status is Status.completed and len(fits.jobs) == 2, fits.to_json()
+
+
+def test_proctor_race_prints_one_json_and_exits_by_the_winner(tmp_path):
+    from proctor.surfaces.cli.main import main
+
+    repo, cfg = setup(tmp_path)
+    got = CliRunner().invoke(main, ["race", "--agent", "wrong", "--agent", "right", "--task", "make add add",
+                                    "--repo", str(repo), "--ticket", "R", "--config", str(cfg)])
+    out = json.loads(got.stdout)
+    assert got.exit_code == 0, got.output
+    assert out["ranking"][0]["agent"] == "right" and len(out["jobs"]) == 2
+    bad = CliRunner().invoke(main, ["race", "--agent", "wrong", "--task", "t", "--repo", str(repo), "--ticket", "R",
+                                    "--config", str(cfg)])
+    assert bad.exit_code == 1 and json.loads(bad.stdout)["code"] == "INVALID_REQUEST", bad.output
