@@ -117,3 +117,15 @@ def test_proctor_race_prints_one_json_and_exits_by_the_winner(tmp_path):
     bad = CliRunner().invoke(main, ["race", "--agent", "wrong", "--task", "t", "--repo", str(repo), "--ticket", "R",
                                     "--config", str(cfg)])
     assert bad.exit_code == 1 and json.loads(bad.stdout)["code"] == "INVALID_REQUEST", bad.output
+
+
+def test_a_race_lands_its_winner_only_where_the_repos_policy_says(tmp_path):
+    repo, cfg = setup(tmp_path)
+    cfg.write_text(cfg.read_text() + f'[auto_land."{repo}"]\nbasis = "held-out"\n')
+    before = sh("git", "rev-parse", "master", cwd=repo)
+    out = race_mod.race(requests(repo, ["wrong", "right"]), config=load_config(cfg))
+    assert out.landed is not None and out.landed["landed"] is True and out.landed["race"] == out.race_id, out.landed
+    assert out.winner and sh("git", "rev-parse", "master", cwd=repo) != before
+    with Ledger.default() as ledger:
+        auto_rows = [r.job_id for r in ledger.rows(kind="auto.land") if r.payload.get("race") == out.race_id]
+    assert auto_rows == [out.winner]  # the loser was never considered, let alone landed

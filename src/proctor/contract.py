@@ -256,6 +256,9 @@ class RunAgentResult(BaseModel):
     # The spend governor's view: the budgets that covered the job, what it booked before launch and what
     # was charged after (or, when denied, each limit it was over and when that frees). None: no budget.
     budget: dict[str, Any] | None = None
+    # What the repo's auto_land policy did with the job, when the person's config has one for its repo:
+    # landed or not, the code and reason, the policy (proctor.services.review.auto). None: no policy asked.
+    landed: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True, indent=2)

@@ -122,6 +122,17 @@ class ServeSettings(BaseModel):
     allow_uids: tuple[int, ...] = ()
 
 
+class AutoLand(BaseModel):
+    """One repo's policy for landing without a person (`[auto_land."<abs repo>"]`), config only: never from a
+    request or a repo's own file (proctor.services.review.auto). A job lands when its verdict needs no
+    person, rests on at least `basis` and records no risk; a change across the trust line never does."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    basis: Literal["exit-code", "base-tests", "held-out", "sealed"] = "base-tests"
+    into: str | None = None  # the branch it lands into (default: the job's base branch)
+
+
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -139,6 +150,8 @@ class Config(BaseModel):
     # Held-out tests per repo (`[holdout]`, "/abs/repo" = ["/abs/dir", ...]): laid into validation only,
     # never readable by the agent (proctor.mechanisms.evidence.holdout). Config only: never a repo's own file.
     holdout: dict[str, list[str]] = Field(default_factory=dict)
+    # Landing without a person, per repo (`[auto_land."/abs/repo"]`); off for every repo it does not name.
+    auto_land: dict[str, AutoLand] = Field(default_factory=dict)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     queue: QueueSettings = Field(default_factory=QueueSettings)
     serve: ServeSettings = Field(default_factory=ServeSettings)
@@ -189,6 +202,17 @@ class Config(BaseModel):
                 if not Path(d).is_absolute():
                     raise ValueError(f"[holdout] {repo!r}: {d!r} must be an absolute directory")
         return v
+
+    @field_validator("auto_land")
+    @classmethod
+    def _check_auto_land(cls, v: dict[str, AutoLand]) -> dict[str, AutoLand]:
+        for repo in v:
+            if not Path(repo).is_absolute():
+                raise ValueError(f"[auto_land] {repo!r} must name an absolute repo path")
+        return v
+
+    def auto_land_for(self, repo: Path) -> AutoLand | None:
+        return next((p for key, p in self.auto_land.items() if Path(key).resolve() == repo.resolve()), None)
 
     def holdout_for(self, repo: Path) -> list[str]:
         return [d for key, dirs in self.holdout.items() if Path(key).resolve() == repo.resolve() for d in dirs]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from proctor.contract import Code, RaceResult, RunAgentRequest, RunAgentResult, Status
+from proctor.mechanisms.config.load import ConfigError, load_config
 from proctor.mechanisms.config.model import Config
 from proctor.mechanisms.git.command import git
 from proctor.mechanisms.ledger.store import Ledger, LedgerError
@@ -31,7 +32,7 @@ from proctor.services.job.progress import NullProgress, Progress
 from proctor.services.job.record import new_job_id
 from proctor.services.job.run_agent import run_agent
 from proctor.services.race.rank import rank
-from proctor.services.review import jobs
+from proctor.services.review import auto, jobs
 from proctor.services.review.objects import open_objects
 from proctor.services.review.outcome import Outcome
 
@@ -92,6 +93,11 @@ def race(requests: Sequence[RunAgentRequest], *, parallel: int = DEFAULT_PARALLE
         one = new_job_id()
         if one not in ids:
             ids.append(one)
+    if config is None:  # read once for all the jobs, and for the winner's auto_land policy
+        try:
+            config = load_config()
+        except ConfigError as exc:
+            return _refused(race_id, Code.CONFIG_INVALID, str(exc), start)
     own_governor = governor is None
     if governor is None:
         try:
@@ -170,12 +176,13 @@ def _run(race_id: str, requests: Sequence[RunAgentRequest], ids: list[str], book
         best = standings[0]
         winner = best.job_id if best.tier == 0 else None
         ledger.append("race.end", {"raceId": race_id, "winner": winner, "ranking": ranking})
-    top = next(r for r in results if r.job_id == best.job_id)
+        top = next(r for r in results if r.job_id == best.job_id)
+        landed = auto.after_job(requests[0].repo, top, config, ledger=ledger, race=race_id) if winner else None
     summary = (f"{winner} ({top.agent}) ranked first of {len(results)}: {best.reasons[0]}" if winner
                else f"no job of {len(results)} was accepted; the best, {best.job_id} ({top.agent}): {best.reasons[0]}")
     return RaceResult(raceId=race_id, status=Status.completed if winner else Status.failed,
                       code=Code.OK if winner else top.code, summary=summary, winner=winner, ranking=ranking,
-                      jobs=results, durationSeconds=round(time.monotonic() - start, 3))
+                      jobs=results, durationSeconds=round(time.monotonic() - start, 3), landed=landed)
 
 
 def diff_lines(ledger: Ledger, result: RunAgentResult) -> int | None:

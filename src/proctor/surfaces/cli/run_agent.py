@@ -20,6 +20,7 @@ from proctor.surfaces.cli.main import main
 from proctor.mechanisms.config.load import ConfigError, load_config, plain_error
 from proctor.contract import Code, RunAgentRequest, RunAgentResult, Status
 from proctor.services.job.record import refused
+from proctor.services.review import auto
 from proctor.services.job.run_agent import run_agent
 from proctor.services.job.progress import NullProgress
 from proctor.surfaces.cli.progress import RichProgress, for_stderr
@@ -188,6 +189,8 @@ def run_agent_cmd(agent, task, task_file, repo, ticket, branch, mode, timeout, v
         emit(refused(raw, exc.problems, Code.CONFIG_INVALID, start))  # every problem a risk of its own
     interrupt.progress = progress = for_stderr()
     result = run_agent(request, config=config, progress=progress, cancel=interrupt.cancel)
+    if interrupt.received is None:
+        auto.after_job(request.repo, result, config)  # lands it only where the person's config says so
     emit(result, progress, interrupt.received)
 
 

@@ -23,6 +23,7 @@ from proctor.mechanisms.process.spawn import Watch
 from proctor.mechanisms.terminal import visible
 from proctor.services.job.record import new_job_id
 from proctor.services.job.run_agent import run_agent
+from proctor.services.review import auto
 from proctor.surfaces.mcp.results import SHUTTING_DOWN, TOO_MANY_JOBS, Refusal
 
 log = logging.getLogger("proctor.mcp")
@@ -157,6 +158,8 @@ class Jobs:
         try:
             job.result = run_agent(job.request, config=config, progress=job.progress, cancel=job.cancel,
                                    job_id=job.job_id, requester=requester)
+            if not job.cancelled:
+                auto.after_job(job.request.repo, job.result, config)  # where the person's config says so
         except BaseException as exc:
             log.exception("job %s: the host raised", job.job_id)
             job.result = RunAgentResult(status=Status.failed, summary=f"the host failed: {exc}",
