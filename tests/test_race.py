@@ -129,3 +129,25 @@ def test_a_race_lands_its_winner_only_where_the_repos_policy_says(tmp_path):
     with Ledger.default() as ledger:
         auto_rows = [r.job_id for r in ledger.rows(kind="auto.land") if r.payload.get("race") == out.race_id]
     assert auto_rows == [out.winner]  # the loser was never considered, let alone landed
+
+
+def test_proctor_land_race_lands_the_winner_or_the_pick_and_discards_the_rest(tmp_path):
+    from proctor.surfaces.cli.main import main
+
+    repo, cfg = setup(tmp_path)
+    out = race_mod.race(requests(repo, ["wrong", "right", "cheat"]), config=load_config(cfg))
+    runner = CliRunner()
+    loser = next(r["jobId"] for r in out.ranking if r["agent"] == "wrong")
+    unknown = runner.invoke(main, ["land", out.race_id, "--pick", "nosuchjob", "--json"])
+    assert unknown.exit_code == 1 and json.loads(unknown.stdout)["code"] == "UNKNOWN_JOB", unknown.output
+    not_race = runner.invoke(main, ["land", out.winner, "--pick", loser])
+    assert not_race.exit_code == 2, not_race.output
+    listed = json.loads(runner.invoke(main, ["jobs", "--json", "--repo", str(repo)]).stdout)
+    assert {j["race"] for j in listed} == {out.race_id}
+    landed = runner.invoke(main, ["land", out.race_id, "--json"])
+    body = json.loads(landed.stdout)
+    assert landed.exit_code == 0 and body["jobId"] == out.winner, landed.output
+    assert sorted(body["discarded"]) == sorted(j for j in [r["jobId"] for r in out.ranking] if j != out.winner)
+    assert "return a + b" in sh("git", "show", "master:calc.py", cwd=repo)
+    states = {j["jobId"]: j["state"] for j in json.loads(runner.invoke(main, ["jobs", "--json"]).stdout)}
+    assert states[out.winner] == "landed" and states[loser] == "discarded"

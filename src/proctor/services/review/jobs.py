@@ -48,6 +48,8 @@ class Job:
     landed: dict[str, Any] | None = None  # the review.land row that landed it
     host_alive: bool | None = None
     checkout: Path | None = None  # where the host cuts this job's worktree, whether or not it exists
+    continues: str | None = None  # a follow-up's: the job whose tree it started from
+    race: str | None = None  # the race it ran in (proctor.services.race)
     record: record.Record = field(default_factory=lambda: record.Record(None, None, None), repr=False)
 
     def age_s(self, now: datetime | None = None) -> float | None:
@@ -60,7 +62,8 @@ class Job:
                 "state": self.state, "started": self.started, "ended": self.ended, "mode": self.mode,
                 "base": self.base, "branch": (self.record.result or {}).get("branch"), "commit": self.commit,
                 "worktreePath": self.worktree_path, "worktreeExists": self.worktree_exists,
-                "hostAlive": self.host_alive, "landed": self.landed}
+                "hostAlive": self.host_alive, "landed": self.landed, "continues": self.continues,
+                "race": self.race}
 
 
 def parse_ts(ts: str | None) -> datetime | None:
@@ -120,7 +123,12 @@ def load_jobs(ledger: Ledger, only: str | None = None) -> list[Job]:
             continue
         p = row.payload
         jobs[jid] = Job(jid, agent=p.get("agent"), ticket=p.get("ticket"), repo=p.get("repo"), mode=p.get("mode"),
-                        base=p.get("branch"), started=row.ts)
+                        base=p.get("branch"), started=row.ts,
+                        continues=p.get("continues") if isinstance(p.get("continues"), str) else None)
+    for row in ledger.rows(kind="race.start"):
+        for jid in row.payload.get("jobs") or []:
+            if isinstance(jid, str) and jid in jobs:
+                jobs[jid].race = str(row.payload.get("raceId"))
     ends: dict[str, dict[str, Any]] = {}
     for row in ledger.rows(kind="job.end"):
         jid = _job_id(row)

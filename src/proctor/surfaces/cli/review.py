@@ -20,6 +20,8 @@ from rich.text import Text
 
 from proctor.surfaces.cli.main import main
 from proctor.mechanisms.ledger.store import Ledger
+from proctor.services.race import pick as pick_mod
+from proctor.services.race import races
 from proctor.services.review import gc as gc_mod
 from proctor.services.review import jobs as jobs_mod
 from proctor.services.review import land as land_mod
@@ -100,13 +102,16 @@ def jobs_cmd(repo: str | None, statuses: tuple[str, ...], as_json: bool) -> None
         return
     table = Table(box=None, pad_edge=False, show_edge=False)
     # "needs-review", not "review?": `show` prints the review state (open, landed, discarded) as `state`.
-    for col in ("job", "repo", "ticket", "agent", "status", "code", "needs-review", "age"):
+    linked = any(j.race or j.continues for j in found)  # a race's jobs and a chain's, shown together
+    for col in ("job", "repo", "ticket", "agent", "status", "code", "needs-review", "age", *(("with",) if linked else ())):
         table.add_column(col, no_wrap=True, overflow="fold")
     for j in found:
         status = j.status if j.state == "open" else f"{j.status}, {j.state}"
         review = {True: "yes", False: "no"}.get(j.needs_human_review, "?")  # type: ignore[arg-type]
+        link = (f"in {j.race}" if j.race else "") + (f" after {j.continues}" if j.continues else "")
         table.add_row(_cell(j.job_id), _cell(j.repo), _cell(j.ticket), _cell(j.agent, "?"), _cell(status, "?"),
-                      _cell(j.code), Text(review), Text(jobs_mod.age_text(j.age_s())))
+                      _cell(j.code), Text(review), Text(jobs_mod.age_text(j.age_s())),
+                      *((_cell(link.strip()),) if linked else ()))
     _console().print(table)
 
 
@@ -225,6 +230,9 @@ def diff_cmd(job: str, stat_only: bool, binary: bool, as_json: bool) -> None:
 
 @main.command("land")
 @click.argument("job")
+@click.option("--pick", help="For a race (JOB is its race-... id): the job of it to land (default: its winner).")
+@click.option("--keep-rest", is_flag=True, help="For a race: keep its other jobs (default: discarded once the "
+              "pick has landed).")
 @click.option("--into", help="Target branch (default: the job's base branch).")
 @click.option("--squash", is_flag=True, help="One commit on the target with the job's (merged) tree.")
 @click.option("--merge", "merge_", is_flag=True, help="A merge commit, even where a fast-forward would do.")
@@ -234,19 +242,26 @@ def diff_cmd(job: str, stat_only: bool, binary: bool, as_json: bool) -> None:
 @click.option("--allow-trust-line", is_flag=True, help="Land a job that changes what runs or is obeyed outside the "
               "tests (git hooks, CI, agent instruction files, .proctor.toml): after reading it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
-def land_cmd(job: str, into: str | None, squash: bool, merge_: bool, ff_only: bool, force: bool, reason: str,
-             allow_trust_line: bool, as_json: bool) -> None:
+def land_cmd(job: str, pick: str | None, keep_rest: bool, into: str | None, squash: bool, merge_: bool,
+             ff_only: bool, force: bool, reason: str, allow_trust_line: bool, as_json: bool) -> None:
     """Land a completed, validated job into a branch of its repo. Default: fast-forward when the target has
-    not moved since the job's base, else a merge commit whose tree is validated again before the ref moves."""
+    not moved since the job's base, else a merge commit whose tree is validated again before the ref moves.
+    JOB may be a race (`race-...`): its winner, or the job --pick names, lands and the rest are discarded."""
     if squash + merge_ + ff_only > 1:
         _unusable("give at most one of --squash, --merge, --ff-only")
     if reason and not force:
         _unusable("--reason goes with --force")
     mode: land_mod.Mode = "squash" if squash else "merge" if merge_ else "ff-only" if ff_only else "auto"
+    if (pick or keep_rest) and not races.is_race_id(job):
+        _unusable("--pick and --keep-rest go with a race's id (race-...)")
     with _open() as ledger:
-        found = _job(ledger, job, "land", as_json)
-        out = land_mod.land(ledger, found, into=into, mode=mode, force=force, reason=reason,
-                            allow_trust_line=allow_trust_line)
+        if races.is_race_id(job):
+            out = pick_mod.land_race(ledger, job, pick, keep_rest=keep_rest, into=into, mode=mode, force=force,
+                                     reason=reason, allow_trust_line=allow_trust_line)
+        else:
+            found = _job(ledger, job, "land", as_json)
+            out = land_mod.land(ledger, found, into=into, mode=mode, force=force, reason=reason,
+                                allow_trust_line=allow_trust_line)
     _warn(out.details.get("ledger_warning"))
     _warn(out.details.get("checkout_warning"))
     if as_json:
@@ -255,6 +270,10 @@ def land_cmd(job: str, into: str | None, squash: bool, merge_: bool, ff_only: bo
         _print_revalidation(out)
         if out.ok:
             click.echo(visible(out.reason) + _land_tail(out))
+            for gone in out.details.get("discarded") or []:
+                click.echo(f"  discarded {visible(gone)} (the race's other job)")
+            for kept in out.details.get("not_discarded") or []:
+                click.echo(f"  kept {visible(kept)}")
     if not out.ok:
         click.echo(f"proctor: land refused ({out.code.value}): {visible(out.reason)}", err=True)
         sys.exit(1)
