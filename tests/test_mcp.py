@@ -36,7 +36,7 @@ from proctor.mechanisms.adapters.testing import Behaviour
 PATCH = "--- a/README.md\n+++ b/README.md\n@@ -1 +1,2 @@\n hello\n+world\n"
 BAD_PATCH = "--- a/README.md\n+++ b/README.md\n@@ -1 +1,2 @@\n no such line\n+world\n"
 SLOW_AGENT = '\n[agents.slow]\ncommand = ["slowagent"]\nprompt = "stdin"\n'
-READ_ONLY = {"job_status", "job_result", "list_jobs", "diff", "check_task", "decide"}
+READ_ONLY = {"job_status", "job_result", "list_jobs", "diff", "check_task", "decide", "race_result"}
 CACHE = Path(os.environ.get("PROCTOR_CLI_CACHE") or Path.home() / ".cache" / "proctor" / "agent-clis")
 CLAUDE = CACHE / "bin" / "claude"
 CI = os.environ.get("CI") == "true"
@@ -131,12 +131,12 @@ def dead(pid: int) -> bool:
 
 def test_tools_their_annotations_and_schemas():
     plain = {t.name for t in session(lambda c: c.list_tools(), granted=False).tools}
-    assert plain == READ_ONLY | {"run_agent", "cancel_job"}, "land and discard only when the server offers them"
+    assert plain == READ_ONLY | {"run_agent", "race", "cancel_job"}, "land and discard only when the server offers them"
     tools = {t.name: t for t in session(lambda c: c.list_tools()).tools}
-    assert set(tools) == READ_ONLY | {"run_agent", "land", "discard", "cancel_job"}
+    assert set(tools) == READ_ONLY | {"run_agent", "race", "land", "discard", "cancel_job"}
     for name in READ_ONLY:
         assert tools[name].annotations.read_only_hint is True, name
-    for name in ("run_agent", "land", "discard", "cancel_job"):
+    for name in ("run_agent", "race", "land", "discard", "cancel_job"):
         assert tools[name].annotations.read_only_hint is False, name
     assert tools["run_agent"].annotations.destructive_hint is False  # additive: a new worktree, nothing else
     assert tools["run_agent"].annotations.open_world_hint is True  # agents reach their model APIs

@@ -151,3 +151,31 @@ def test_proctor_land_race_lands_the_winner_or_the_pick_and_discards_the_rest(tm
     assert "return a + b" in sh("git", "show", "master:calc.py", cwd=repo)
     states = {j["jobId"]: j["state"] for j in json.loads(runner.invoke(main, ["jobs", "--json"]).stdout)}
     assert states[out.winner] == "landed" and states[loser] == "discarded"
+
+
+def test_the_mcp_race_tool_starts_every_job_and_ranks_them(tmp_path):
+    """Over a real MCP server (stdio): `race` answers at once with the race's and its jobs' ids, each job is
+    this server's own (job_result follows it), and race_result gives the ranking once all have ended."""
+    from tests.test_mcp import session
+
+    repo, cfg = setup(tmp_path)
+    home = Path(os.environ["PROCTOR_HOME"])
+    (home / "config.toml").write_text(cfg.read_text())  # confined as a person's default (auto), not the suite's off
+
+    async def body(client):
+        started = await client.call_tool("race", {"agents": ["wrong", "right"],
+                                                  "job": {"task": "make add add", "repo": str(repo), "ticket": "M"}})
+        assert not started.is_error, started
+        ids = started.structured_content["jobs"]
+        one = await client.call_tool("job_result", {"job": ids[1], "wait_s": 120})
+        ranked = await client.call_tool("race_result", {"race": started.structured_content["raceId"],
+                                                        "wait_s": 120})
+        too_few = await client.call_tool("race", {"agents": ["right"], "job": {"task": "t", "repo": str(repo),
+                                                                               "ticket": "M"}})
+        return started.structured_content, one.structured_content, ranked.structured_content, too_few
+
+    started, one, ranked, too_few = session(body)
+    assert one["done"] and one["result"]["status"] == "completed", one
+    assert ranked["done"] and ranked["winner"] == started["jobs"][1], json.dumps(ranked, indent=1)
+    assert [r["agent"] for r in ranked["ranking"]] == ["right", "wrong"]
+    assert too_few.is_error and too_few.structured_content["code"] == "INVALID_ARGUMENTS", too_few

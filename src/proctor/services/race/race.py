@@ -14,12 +14,13 @@ from __future__ import annotations
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from proctor.contract import Code, RaceResult, RunAgentRequest, RunAgentResult, Status
+from proctor.contract import Code, RaceResult, Requester, RunAgentRequest, RunAgentResult, Status
 from proctor.mechanisms.config.load import ConfigError, load_config
 from proctor.mechanisms.config.model import Config
 from proctor.mechanisms.git.command import git
@@ -77,42 +78,124 @@ def race_errors(requests: Sequence[RunAgentRequest], parallel: int) -> list[str]
     return out
 
 
+@dataclass(frozen=True)
+class Opened:
+    """A race admitted: its id, its jobs' ids, every run booked, its start row written. Run each request
+    with its id and booking (`run_agent(..., job_id=, booked=)`), then `close_race` with the results."""
+
+    race_id: str
+    requests: tuple[RunAgentRequest, ...]
+    ids: tuple[str, ...]
+    booked: tuple[Booking, ...]
+    config: Config
+    start: float
+
+
 def race(requests: Sequence[RunAgentRequest], *, parallel: int = DEFAULT_PARALLEL, config: Config | None = None,
          on_phase: Callable[[Lane, str], None] | None = None, cancel: Callable[[], str | None] | None = None,
-         governor: UsageGovernor | None = None) -> RaceResult:
+         governor: UsageGovernor | None = None, requester: Requester | None = None) -> RaceResult:
     """Run `requests` (one task, one agent each) up to `parallel` at once; never raises for a bad request or a
     misbehaving agent. `governor`: where the race is booked (default: the trusted policy's budgets in this
-    home's tally, as a job's own)."""
+    home's tally, as a job's own). `requester`: who asked, when not the person (as run_agent's)."""
+    with governed(governor) as gov:
+        opened = open_race(requests, parallel=parallel, config=config, governor=gov)
+        if isinstance(opened, RaceResult):
+            return opened
+        assert not isinstance(gov, PolicyError)  # open_race refused the race over it
+        lanes = [Lane(i + 1, job_id, r.agent) for i, (r, job_id) in enumerate(zip(opened.requests, opened.ids))]
+        lock = threading.Lock()
+
+        def told(lane: Lane, phase: str) -> None:
+            if on_phase is not None:
+                with lock:  # one watcher line at a time, whichever job's thread says it
+                    on_phase(lane, phase)
+
+        def one(i: int) -> RunAgentResult:
+            progress: Progress = LaneProgress(lanes[i], told) if on_phase is not None else NullProgress()
+            return run_agent(opened.requests[i], config=opened.config, progress=progress, cancel=cancel,
+                             job_id=opened.ids[i], booked=opened.booked[i], requester=requester)
+
+        with ThreadPoolExecutor(max_workers=min(parallel, len(requests)), thread_name_prefix=opened.race_id) as pool:
+            results = list(pool.map(one, range(len(requests))))
+        return close_race(opened, results, gov)
+
+
+@contextmanager
+def governed(governor: UsageGovernor | None) -> Iterator[UsageGovernor | PolicyError]:
+    """`governor`, or the trusted policy's over this home's tally, closed after (or why it cannot be read)."""
+    if governor is not None:
+        yield governor
+        return
+    try:
+        own = UsageGovernor(Policy.load().budgets, SqliteTally.default)
+    except PolicyError as exc:
+        yield exc
+        return
+    try:
+        yield own
+    finally:
+        own.close()
+
+
+def open_race(requests: Sequence[RunAgentRequest], *, parallel: int = DEFAULT_PARALLEL,
+              config: Config | None = None, governor: UsageGovernor | PolicyError) -> Opened | RaceResult:
+    """The race admitted (ids made, every run booked, `race.start` written), or refused whole with nothing
+    launched: not a race, the config or policy unreadable, the budgets without room for all of it."""
     start = time.monotonic()
     race_id = f"race-{new_job_id()}"
     errors = race_errors(requests, parallel)
     if errors:
         return _refused(race_id, Code.INVALID_REQUEST, "; ".join(errors), start)
-    ids: list[str] = []
-    while len(ids) < len(requests):
-        one = new_job_id()
-        if one not in ids:
-            ids.append(one)
+    if isinstance(governor, PolicyError):
+        return _refused(race_id, Code.CONFIG_INVALID, f"the trusted policy cannot be read: {governor}", start)
     if config is None:  # read once for all the jobs, and for the winner's auto_land policy
         try:
             config = load_config()
         except ConfigError as exc:
             return _refused(race_id, Code.CONFIG_INVALID, str(exc), start)
-    own_governor = governor is None
-    if governor is None:
-        try:
-            governor = UsageGovernor(Policy.load().budgets, SqliteTally.default)
-        except PolicyError as exc:
-            return _refused(race_id, Code.CONFIG_INVALID, f"the trusted policy cannot be read: {exc}", start)
+    ids: list[str] = []
+    while len(ids) < len(requests):
+        one = new_job_id()
+        if one not in ids:
+            ids.append(one)
+    booked = _book_all(governor, requests, ids)
+    if isinstance(booked, RaceResult):
+        booked.race_id, booked.duration_seconds = race_id, round(time.monotonic() - start, 3)
+        return booked
     try:
-        booked = _book_all(governor, requests, ids)
-        if isinstance(booked, RaceResult):
-            booked.race_id, booked.duration_seconds = race_id, round(time.monotonic() - start, 3)
-            return booked
-        return _run(race_id, requests, ids, booked, governor, parallel, config, on_phase, cancel, start)
-    finally:
-        if own_governor:
-            governor.close()
+        with Ledger.default() as ledger:
+            ledger.append("race.start", {"raceId": race_id, "jobs": ids, "agents": [r.agent for r in requests],
+                                         "repo": requests[0].repo, "ticket": requests[0].ticket,
+                                         "parallel": parallel})
+    except (LedgerError, OSError) as exc:
+        for b in booked:
+            governor.release(b)
+        return _refused(race_id, Code.HOST_ERROR, f"the race's start could not be recorded ({exc}); "
+                        "nothing was launched", start)
+    return Opened(race_id, tuple(requests), tuple(ids), tuple(booked), config, start)
+
+
+def close_race(opened: Opened, results: Sequence[RunAgentResult], governor: UsageGovernor) -> RaceResult:
+    """The race's ranking from its jobs' results (in the order asked), its `race.end` row, the bookings no
+    job took back, and its winner landed where the repo's auto_land policy says."""
+    for b, r in zip(opened.booked, results):
+        if b.parts and r.budget is None:  # refused before admission booked it: it was never the job's
+            governor.release(b)
+    with Ledger.default() as ledger:
+        lines = {r.job_id or "": n for r in results if (n := diff_lines(ledger, r)) is not None}
+        standings = rank(results, lines)
+        ranking = [s.record(i + 1) for i, s in enumerate(standings)]
+        best = standings[0]
+        winner = best.job_id if best.tier == 0 else None
+        ledger.append("race.end", {"raceId": opened.race_id, "winner": winner, "ranking": ranking})
+        top = next(r for r in results if r.job_id == best.job_id)
+        landed = (auto.after_job(opened.requests[0].repo, top, opened.config, ledger=ledger, race=opened.race_id)
+                  if winner else None)
+    summary = (f"{winner} ({top.agent}) ranked first of {len(results)}: {best.reasons[0]}" if winner
+               else f"no job of {len(results)} was accepted; the best, {best.job_id} ({top.agent}): {best.reasons[0]}")
+    return RaceResult(raceId=opened.race_id, status=Status.completed if winner else Status.failed,
+                      code=Code.OK if winner else top.code, summary=summary, winner=winner, ranking=ranking,
+                      jobs=list(results), durationSeconds=round(time.monotonic() - opened.start, 3), landed=landed)
 
 
 def _book_all(governor: UsageGovernor, requests: Sequence[RunAgentRequest],
@@ -135,54 +218,6 @@ def _book_all(governor: UsageGovernor, requests: Sequence[RunAgentRequest],
         out.budget = {"runs": len(requests), "fit": fit, "denied": got.record()}
         return out
     return booked
-
-
-def _run(race_id: str, requests: Sequence[RunAgentRequest], ids: list[str], booked: list[Booking],
-         governor: UsageGovernor, parallel: int, config: Config | None,
-         on_phase: Callable[[Lane, str], None] | None, cancel: Callable[[], str | None] | None,
-         start: float) -> RaceResult:
-    lanes = [Lane(i + 1, job_id, r.agent) for i, (r, job_id) in enumerate(zip(requests, ids))]
-    try:
-        with Ledger.default() as ledger:
-            ledger.append("race.start", {"raceId": race_id, "jobs": ids, "agents": [r.agent for r in requests],
-                                         "repo": requests[0].repo, "ticket": requests[0].ticket,
-                                         "parallel": parallel})
-    except (LedgerError, OSError) as exc:
-        for b in booked:
-            governor.release(b)
-        return _refused(race_id, Code.HOST_ERROR, f"the race's start could not be recorded ({exc}); "
-                        "nothing was launched", start)
-    lock = threading.Lock()
-
-    def told(lane: Lane, phase: str) -> None:
-        if on_phase is not None:
-            with lock:  # one watcher line at a time, whichever job's thread says it
-                on_phase(lane, phase)
-
-    def one(i: int) -> RunAgentResult:
-        progress: Progress = LaneProgress(lanes[i], told) if on_phase is not None else NullProgress()
-        return run_agent(requests[i], config=config, progress=progress, cancel=cancel, job_id=ids[i],
-                         booked=booked[i])
-
-    with ThreadPoolExecutor(max_workers=min(parallel, len(requests)), thread_name_prefix=race_id) as pool:
-        results = list(pool.map(one, range(len(requests))))
-    for b, r in zip(booked, results):
-        if b.parts and r.budget is None:  # refused before admission booked it: it was never the job's
-            governor.release(b)
-    with Ledger.default() as ledger:
-        lines = {r.job_id or "": n for r in results if (n := diff_lines(ledger, r)) is not None}
-        standings = rank(results, lines)
-        ranking = [s.record(i + 1) for i, s in enumerate(standings)]
-        best = standings[0]
-        winner = best.job_id if best.tier == 0 else None
-        ledger.append("race.end", {"raceId": race_id, "winner": winner, "ranking": ranking})
-        top = next(r for r in results if r.job_id == best.job_id)
-        landed = auto.after_job(requests[0].repo, top, config, ledger=ledger, race=race_id) if winner else None
-    summary = (f"{winner} ({top.agent}) ranked first of {len(results)}: {best.reasons[0]}" if winner
-               else f"no job of {len(results)} was accepted; the best, {best.job_id} ({top.agent}): {best.reasons[0]}")
-    return RaceResult(raceId=race_id, status=Status.completed if winner else Status.failed,
-                      code=Code.OK if winner else top.code, summary=summary, winner=winner, ranking=ranking,
-                      jobs=results, durationSeconds=round(time.monotonic() - start, 3), landed=landed)
 
 
 def diff_lines(ledger: Ledger, result: RunAgentResult) -> int | None:

@@ -79,6 +79,19 @@ class DecideArgs(_Args):
     live: bool = Field(False, description="Decide as for a live run (outward calls `run`, not `dry_run`).")
 
 
+class RaceArgs(_Args):
+    agents: list[str] = Field(min_length=2, max_length=16, description="The agents to race, one job each (repeat "
+                              "one for several attempts of it).")
+    job: dict[str, Any] = Field(description="The run_agent request every job shares, agent left out: task, repo, "
+                                "ticket, and optional branch, timeoutSec, validateCommand, mustPass, ...")
+
+
+class RaceResultArgs(_Args):
+    race: str = Field(min_length=1, max_length=200, description="A race id (race-...), or a unique prefix of one.")
+    wait_s: float = Field(0, ge=0, description=f"Wait up to this many seconds for the race to end (at most "
+                          f"{MAX_WAIT_S:.0f}).")
+
+
 class LandArgs(JobArgs):
     into: str | None = Field(None, max_length=PATH_CHARS, description="Target branch (default: the job's base branch).")
     mode: Literal["auto", "merge", "squash", "ff-only"] = Field(

@@ -19,6 +19,7 @@ from proctor.contract import Code as JobCode
 from proctor.contract import Requester, RunAgentRequest, RunAgentResult, Status
 from proctor.mechanisms.config.load import load_config
 from proctor.mechanisms.config.model import Config
+from proctor.mechanisms.policy.governor import Booking
 from proctor.mechanisms.process.spawn import Watch
 from proctor.mechanisms.terminal import visible
 from proctor.services.job.record import new_job_id
@@ -105,6 +106,7 @@ class LiveJob:
     result: RunAgentResult | None = None
     cancelled: str | None = None  # why, once the server cancels it
     thread: threading.Thread | None = None
+    race: str | None = None  # the race it runs in: its winner alone may land on its own, not each job
 
     def cancel(self) -> str | None:
         return self.cancelled
@@ -135,30 +137,41 @@ class Jobs:
     def config(self) -> Config:
         return load_config(self.config_file)
 
-    def start(self, request: RunAgentRequest, config: Config, admitted: Callable[[str], None],
-              requester: Requester | None = None) -> LiveJob:
-        """Start a job unless the server is closing or full; `admitted(job_id)` runs first (the ledger row:
-        when it raises, nothing starts)."""
-        job = LiveJob(new_job_id(), request)
+    def room(self, wanted: int) -> None:
+        """Refuse (TOO_MANY_JOBS, SHUTTING_DOWN) unless `wanted` more jobs could start now."""
         with self._lock:
-            if self._closing:
-                raise Refusal(SHUTTING_DOWN, f"the server is shutting down ({self._closing}): no job starts")
-            busy = sum(1 for j in self._jobs.values() if not j.finished.is_set())
-            if busy >= self.max_jobs:
-                raise Refusal(TOO_MANY_JOBS, f"this server runs {busy} jobs already (its limit is "
-                              f"{self.max_jobs}); wait for one with job_result")
+            self._room(wanted)
+
+    def _room(self, wanted: int) -> None:
+        if self._closing:
+            raise Refusal(SHUTTING_DOWN, f"the server is shutting down ({self._closing}): no job starts")
+        busy = sum(1 for j in self._jobs.values() if not j.finished.is_set())
+        if busy + wanted > self.max_jobs:
+            raise Refusal(TOO_MANY_JOBS, f"this server runs {busy} jobs already (its limit is {self.max_jobs})"
+                          + (f", and {wanted} more were asked for at once" if wanted > 1 else "")
+                          + "; wait for one with job_result")
+
+    def start(self, request: RunAgentRequest, config: Config, admitted: Callable[[str], None],
+              requester: Requester | None = None, *, job_id: str | None = None, booked: Booking | None = None,
+              race: str | None = None) -> LiveJob:
+        """Start a job unless the server is closing or full; `admitted(job_id)` runs first (the ledger row:
+        when it raises, nothing starts). `job_id`, `booked`, `race`: a race's job, its id and booking made
+        when the race was admitted."""
+        job = LiveJob(job_id or new_job_id(), request, race=race)
+        with self._lock:
+            self._room(1)
             admitted(job.job_id)
             self._jobs[job.job_id] = job
-        job.thread = threading.Thread(target=self._run, args=(job, config, requester), name=f"job-{job.job_id}",
-                                      daemon=True)
+        job.thread = threading.Thread(target=self._run, args=(job, config, requester, booked),
+                                      name=f"job-{job.job_id}", daemon=True)
         job.thread.start()
         return job
 
-    def _run(self, job: LiveJob, config: Config, requester: Requester | None) -> None:
+    def _run(self, job: LiveJob, config: Config, requester: Requester | None, booked: Booking | None) -> None:
         try:
             job.result = run_agent(job.request, config=config, progress=job.progress, cancel=job.cancel,
-                                   job_id=job.job_id, requester=requester)
-            if not job.cancelled:
+                                   job_id=job.job_id, requester=requester, booked=booked)
+            if not job.cancelled and job.race is None:
                 auto.after_job(job.request.repo, job.result, config)  # where the person's config says so
         except BaseException as exc:
             log.exception("job %s: the host raised", job.job_id)

@@ -10,12 +10,13 @@ do; and it never speaks MCP (tools.py does).
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from pydantic import ValidationError
 
 from proctor.contract import Code as JobCode
-from proctor.contract import Requester, RunAgentRequest
+from proctor.contract import Requester, RunAgentRequest, request_errors
 from proctor.mechanisms.config.load import ConfigError
 from proctor.mechanisms.config.model import Config
 from proctor.mechanisms.ledger.store import Ledger
@@ -31,7 +32,16 @@ from proctor.services.review import land as land_mod
 from proctor.services.review.diff import Diff, diff
 from proctor.services.review.outcome import Code as ReviewCode
 from proctor.services.review.outcome import Outcome
-from proctor.surfaces.mcp.arguments import CancelArgs, CheckTaskArgs, DecideArgs, DiffArgs, JobArgs, LandArgs, ListArgs
+from proctor.surfaces.mcp.arguments import (
+    CancelArgs,
+    CheckTaskArgs,
+    DecideArgs,
+    DiffArgs,
+    JobArgs,
+    LandArgs,
+    ListArgs,
+    RaceArgs,
+)
 from proctor.surfaces.mcp.grants import Grants, over_privileged
 from proctor.surfaces.mcp.jobs import Jobs, LiveJob
 from proctor.surfaces.mcp.results import (
@@ -78,8 +88,11 @@ class Surface:
         # Reads are one row a client a minute (and per job for a diff), the rest counted: 1,000 list_jobs calls
         # wrote 1,000 rows (issue 41). `close` writes the counts still open.
         self.reads = Summary()
+        self.closers: list[threading.Thread] = []  # a race's ranking, made once its jobs have ended
 
     def close(self) -> None:
+        for closer in self.closers:  # the jobs were cancelled (Jobs.shutdown): their races end now
+            closer.join(10)
         try:
             with Ledger.default() as ledger:
                 self.reads.flush(ledger)
@@ -124,6 +137,69 @@ class Surface:
                 raise
         return {"jobId": job.job_id, "status": "running", "agent": request.agent, "ticket": request.ticket,
                 "repo": request.repo, "next": "job_status or job_result (wait_s) with this jobId"}
+
+    # race -------------------------------------------------------------------------------------------------
+
+    def race(self, args: RaceArgs) -> dict[str, Any]:
+        """Admit a race whole (every job room here and booked) and start its jobs; a thread of its own ranks
+        them once all have ended (`race.end`). Each job is this server's, followed as any (job_result)."""
+        from proctor.services.race import race as race_mod
+
+        requests = []
+        for agent in args.agents:
+            try:
+                requests.append(RunAgentRequest.model_validate({**args.job, "agent": agent}))
+            except ValidationError as exc:
+                raise Refusal(JobCode.INVALID_REQUEST.value, "invalid request: " + "; ".join(
+                    r.removeprefix("invalid request: ") for r in request_errors(exc))) from exc
+        try:
+            config = self.jobs.config()
+        except ConfigError as exc:
+            raise Refusal(JobCode.CONFIG_INVALID.value, str(exc)) from exc
+        for request in requests:
+            self._capped(request, config)
+        self.jobs.room(len(requests))
+        requester = Requester(f"mcp:{self.client}", self.grants.may_set_validate_command)
+        governed = race_mod.governed(None)
+        gov = governed.__enter__()
+        opened = race_mod.open_race(requests, parallel=len(requests), config=config, governor=gov)
+        if not isinstance(opened, race_mod.Opened):
+            governed.__exit__(None, None, None)
+            raise Refusal(opened.code.value, opened.summary, **({"budget": opened.budget} if opened.budget else {}))
+        started: list[LiveJob] = []
+        with _ledger() as ledger:
+            for request, job_id, booked in zip(opened.requests, opened.ids, opened.booked):
+                row = {"agent": request.agent, "ticket": request.ticket, "repo": request.repo, "client": self.client,
+                       "race": opened.race_id}
+                ledger.append("mcp.run_agent", {"ok": True, "jobId": job_id, **row}, job_id=job_id)
+                started.append(self.jobs.start(request, config, lambda _id: None, requester, job_id=job_id,
+                                               booked=booked, race=opened.race_id))
+
+        def close() -> None:
+            try:
+                for job in started:
+                    job.finished.wait()
+                results = [j.result for j in started if j.result is not None]
+                race_mod.close_race(opened, results, gov)
+            except Exception:  # noqa: BLE001 - the jobs stand on their own; the race's end row is what is lost
+                log.exception("race %s could not be ranked", opened.race_id)
+            finally:
+                governed.__exit__(None, None, None)
+
+        closer = threading.Thread(target=close, name=f"close-{opened.race_id}", daemon=True)
+        self.closers.append(closer)
+        closer.start()
+        return {"raceId": opened.race_id, "jobs": list(opened.ids), "agents": list(args.agents),
+                "next": "race_result with this raceId (wait_s); each job with job_status or job_result"}
+
+    def race_result(self, ident: str) -> dict[str, Any]:
+        from proctor.services.race import races
+
+        with _ledger() as ledger:
+            found = races.find(ledger, ident)
+        if isinstance(found, str):
+            raise Refusal(ReviewCode.UNKNOWN_JOB.value, found)
+        return {"done": found.ended, **found.to_dict()}
 
     def _capped(self, request: RunAgentRequest, config: Config) -> None:
         """The queue's caps on what a request may ask (`over_privileged`), and a taskDecl that is a task."""

@@ -1,6 +1,7 @@
 """The tools: each one's name, description, argument schema and annotations, and calling one (`call_tool`).
 
     run_agent   start a job in a thread of this server (the host's `run_agent`), return its id at once
+    race, race_result                one task to several agents, each its own job here; their ranking
     job_status  a job's state from the ledger (proctor.services.review.jobs), with its live phase while it runs here
     job_result  its result; optionally waits, sending `notifications/progress` (phase, last output line)
     list_jobs, diff                  the review reads (proctor.services.review), rows as the CLI writes them
@@ -40,6 +41,8 @@ from proctor.surfaces.mcp.arguments import (
     JobArgs,
     LandArgs,
     ListArgs,
+    RaceArgs,
+    RaceResultArgs,
     ResultArgs,
     bad_strings,
 )
@@ -126,6 +129,15 @@ async def _job_result(surface: Surface, ctx: Ctx, args: ResultArgs) -> dict[str,
     return answer
 
 
+async def _race_result(surface: Surface, ctx: Ctx, args: RaceResultArgs) -> dict[str, Any]:
+    deadline = time.monotonic() + min(args.wait_s, MAX_WAIT_S)
+    answer = await anyio.to_thread.run_sync(surface.race_result, args.race)
+    while not answer["done"] and time.monotonic() < deadline:
+        await anyio.sleep(0.5)
+        answer = await anyio.to_thread.run_sync(surface.race_result, args.race)
+    return answer
+
+
 def _validate_request(arguments: dict[str, Any]) -> RunAgentRequest:
     try:
         return RunAgentRequest.model_validate(arguments)
@@ -144,6 +156,16 @@ TOOLS: dict[str, ToolDef] = {t.name: t for t in (
             types.ToolAnnotations(title="Start an agent job", read_only_hint=False, destructive_hint=False,
                                   idempotent_hint=False, open_world_hint=True),
             _run_agent),
+    ToolDef("race", "Race agents on one task: each agent (or each attempt of one) does the same task in its own "
+            "job, all started now, then ranked by the host's verdicts (accepted first; a job that passed the tests "
+            "it saw and failed the held-out ones last). Returns the race id and its job ids at once; follow it "
+            "with race_result (wait_s), each job with job_status or job_result.", RaceArgs,
+            types.ToolAnnotations(title="Race agents", read_only_hint=False, destructive_hint=False,
+                                  idempotent_hint=False, open_world_hint=True),
+            _in_thread(Surface.race)),
+    ToolDef("race_result", "A race's ranking once it ended (done: true): each job's place, tier and the reasons "
+            "for it, and the winner; with wait_s, waits for the end first.", RaceResultArgs,
+            _read_only("Race result"), _race_result),
     ToolDef("job_status", "A job's state: status (running, completed, failed, interrupted, ...), code, review "
             "state (open, landed, discarded), worktree, commit; while it runs in this server, its phase and last "
             "output line.", JobArgs, _read_only("Job status"), _job_status),
