@@ -179,3 +179,50 @@ def test_the_mcp_race_tool_starts_every_job_and_ranks_them(tmp_path):
     assert ranked["done"] and ranked["winner"] == started["jobs"][1], json.dumps(ranked, indent=1)
     assert [r["agent"] for r in ranked["ranking"]] == ["right", "wrong"]
     assert too_few.is_error and too_few.structured_content["code"] == "INVALID_ARGUMENTS", too_few
+
+
+def test_a_race_over_the_queue_fans_out_to_the_lanes_hosts_and_ranks_their_signed_results(tmp_path, nats_url,
+                                                                                         proctor_home):
+    """Two listeners (two hosts) on a real NATS server; the race's three jobs go to them in turn as ordinary
+    signed run_agent jobs, and the verified results are ranked as a local race's are."""
+    import asyncio
+
+    from proctor.mechanisms.queue import keys
+    from proctor.mechanisms.queue.jetstream import JetStreamBackend
+    from proctor.mechanisms.queue.signers import load_trust
+    from proctor.mechanisms.queue.store import JobStore
+    from proctor.mechanisms.queue.testing import trusted_home
+    from proctor.services.listen.kinds import NoopRunner, ProcessAgentRunner
+    from proctor.services.listen.listener import Listener, Settings
+    from proctor.services.race.fleet import race_over_queue
+
+    trusted_home(proctor_home)
+    repo, cfg = setup(tmp_path)
+    hosts = [f"racehost{i}-{os.getpid()}" for i in range(2)]
+
+    async def go():
+        stop, tasks, backends = asyncio.Event(), [], []
+        for host in hosts:
+            backend = await JetStreamBackend.connect(nats_url)
+            runner = ProcessAgentRunner(proctor_home / f"{host}.sqlite3", config_path=cfg)
+            listener = Listener(Settings(host, {"default": 1}, ack_wait_s=30), backend, load_trust(proctor_home),
+                                keys.load("host", proctor_home), JobStore(proctor_home / f"{host}.sqlite3"),
+                                Ledger(proctor_home / "ledger.sqlite3"), {"noop": NoopRunner(), "run_agent": runner})
+            backends.append(backend)
+            tasks.append(asyncio.create_task(listener.serve(stop)))
+        client = await JetStreamBackend.connect(nats_url)
+        try:
+            return await race_over_queue(client, load_trust(proctor_home), requests(repo, ["cheat", "wrong", "right"]),
+                                         targets=hosts, lane="default", signer=keys.load("default", proctor_home),
+                                         ttl_s=600, wait_s=120)
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
+            for b in [*backends, client]:
+                await b.close()
+
+    out = asyncio.run(go())
+    assert [r["agent"] for r in out.ranking] == ["right", "wrong", "cheat"], json.dumps(out.ranking, indent=1)
+    assert out.status is Status.completed and out.winner == out.ranking[0]["jobId"]
+    assert [r["host"] for r in sorted(out.ranking, key=lambda r: [j.agent for j in out.jobs].index(r["agent"]))] == \
+        [hosts[0], hosts[1], hosts[0]]  # in turn

@@ -46,10 +46,18 @@ def _emit(out: RaceResult, cancelled: bool = False) -> None:
 @click.option("--parallel", type=click.IntRange(1, 16), default=DEFAULT_PARALLEL, show_default=True,
               help="Jobs at once.")
 @click.option("--config", "config_file", help="Config TOML (as run-agent's).")
+@click.option("--targets", help="Race over the queue: comma-separated hosts whose listeners run the jobs (one "
+              "signed run_agent job each, the hosts in turn); --repo is then a path on those hosts.")
+@click.option("--lane", default="default", show_default=True, help="With --targets: the hosts' lane.")
+@click.option("--key", "key_name", default=None, help="With --targets: the signing key (default: the sender's).")
+@click.option("--queue", "queue_url", help="With --targets: the queue's URL (default: config's, else local).")
+@click.option("--wait", "wait_s", default=14_400 + 600, show_default=True, type=float,
+              help="With --targets: seconds to wait for the results.")
 def race_cmd(agents, attempts, task, task_file, repo, ticket, branch, timeout, validate_cmd, must_pass, parallel,
-             config_file) -> None:
+             config_file, targets, lane, key_name, queue_url, wait_s) -> None:
     """Give one task to several agents, each in its own job, and rank them by the host's verdicts; print the
-    race as JSON: the ranking with its reasons and every job's result (each stays reviewable)."""
+    race as JSON: the ranking with its reasons and every job's result (each stays reviewable). With
+    --targets, the jobs go to those hosts' listeners through the queue."""
     start = time.monotonic()
     interrupt = Interrupt(NullProgress())
     interrupt.install()
@@ -67,7 +75,9 @@ def race_cmd(agents, attempts, task, task_file, repo, ticket, branch, timeout, v
         except (OSError, UnicodeDecodeError) as exc:
             refused(Code.TASK_UNREADABLE, f"task file {task_file!r} cannot be read: "
                     f"{getattr(exc, 'strerror', None) or exc}")
-    raw = {"task": task, "repo": os.path.abspath(repo) if repo else repo, "ticket": ticket, "branch": branch,
+    if repo and not targets:
+        repo = os.path.abspath(repo)
+    raw = {"task": task, "repo": repo, "ticket": ticket, "branch": branch,
            "timeoutSec": timeout, "validateCommand": validate_cmd, "mustPass": list(must_pass) or None}
     requests = []
     for agent in [a for a in agents for _ in range(attempts)]:
@@ -76,6 +86,8 @@ def race_cmd(agents, attempts, task, task_file, repo, ticket, branch, timeout, v
                                                             if v is not None}))
         except ValidationError as exc:
             refused(Code.INVALID_REQUEST, "; ".join(request_violations(exc)))
+    if targets:
+        _emit(_over_queue(requests, targets, lane, key_name, queue_url, config_file, wait_s))
     try:
         config = load_config(config_file)
     except ConfigError as exc:
@@ -86,3 +98,27 @@ def race_cmd(agents, attempts, task, task_file, repo, ticket, branch, timeout, v
 
     out = race(requests, parallel=parallel, config=config, on_phase=on_phase, cancel=interrupt.cancel)
     _emit(out, cancelled=interrupt.received is not None)
+
+
+def _over_queue(requests: list[RunAgentRequest], targets: str, lane: str, key_name: str | None,
+                queue_url: str | None, config_file: str | None, wait_s: float) -> RaceResult:
+    import asyncio
+
+    from proctor.mechanisms.queue import keys, sender
+    from proctor.mechanisms.queue.sent import SentStore
+    from proctor.services.race.fleet import race_over_queue
+    from proctor.surfaces.cli.queue import _signer, _trust, connect, resolve_queue
+
+    url = resolve_queue(queue_url, config_file)
+    signer = _signer(key_name or keys.SENDER_KEY)
+
+    async def go() -> RaceResult:
+        backend = await connect(url, config_file)
+        try:
+            return await race_over_queue(backend, _trust(), requests, lane=lane, signer=signer, wait_s=wait_s,
+                                         targets=[t.strip() for t in targets.split(",") if t.strip()],
+                                         ttl_s=sender.DEFAULT_TTL_S, sent=SentStore())
+        finally:
+            await backend.close()
+
+    return asyncio.run(go())
