@@ -226,3 +226,42 @@ def test_a_race_over_the_queue_fans_out_to_the_lanes_hosts_and_ranks_their_signe
     assert out.status is Status.completed and out.winner == out.ranking[0]["jobId"]
     assert [r["host"] for r in sorted(out.ranking, key=lambda r: [j.agent for j in out.jobs].index(r["agent"]))] == \
         [hosts[0], hosts[1], hosts[0]]  # in turn
+
+
+def test_the_review_page_shows_a_race_side_by_side_and_lands_the_pick(tmp_path):
+    """The page (a real `proctor serve`) shows the race's jobs in one view, best first, each with its tier,
+    reasons, validation and diff; landing one from there lands exactly the diff shown and discards the rest.
+    A land that names a diff other than the one shown is refused (control: the shown one lands)."""
+    from review_site import Server
+
+    repo, cfg = setup(tmp_path)
+    out = race_mod.race(requests(repo, ["cheat", "right"]), config=load_config(cfg))
+    server = Server()
+    try:
+        c = server.client()
+        page = c.get(f"{server.prefix}/races/{out.race_id}")
+        assert page.status_code == 200, page.text
+        html = page.text
+        right, cheat = out.ranking[0]["jobId"], out.ranking[1]["jobId"]
+        assert html.index(right) < html.index(cheat)  # best first
+        assert "failed the checks it never saw" in html and html.count('data-field="tier"') == 2
+        assert html.count('<span class="mono path">calc.py</span>') == 2  # each job's diff
+        csrf = html.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+        form = html.split(f'name="pick" value="{right}"', 1)[1]
+        shown = form.split('name="shown" value="', 1)[1].split('"', 1)[0]
+        headers = {"content-type": "application/x-www-form-urlencoded"}
+        forged = c.post(f"{server.prefix}/races/{out.race_id}/land", headers=headers,
+                        content=f"csrf={csrf}&pick={right}&shown={'0' * 64}")
+        assert "NOT_AS_SHOWN" in c.get(forged.headers["location"]).text
+        assert "return a + b" not in sh("git", "show", "master:calc.py", cwd=repo)
+        done = c.post(f"{server.prefix}/races/{out.race_id}/land", headers=headers,
+                      content=f"csrf={csrf}&pick={right}&shown={shown}")
+        after = c.get(done.headers["location"]).text
+        assert "land done" in after and cheat in after, after[:2000]
+        job_page = c.get(f"{server.prefix}/jobs/{cheat}").text
+        assert f"/races/{out.race_id}" in job_page  # a job's page links its race
+    finally:
+        server.stop()
+    assert "return a + b" in sh("git", "show", "master:calc.py", cwd=repo)
+    with Ledger.default() as ledger:
+        assert jobs.find(ledger, cheat).state == "discarded"

@@ -49,6 +49,8 @@ from proctor.surfaces.web.access import SECURITY_HEADERS
 from proctor.services.job import record
 from proctor.mechanisms.ledger.store import Ledger
 from proctor.mechanisms.ledger.summary import Summary
+from proctor.services.race import pick as pick_mod
+from proctor.services.race import races
 from proctor.services.review import gc as gc_mod
 from proctor.services.review import jobs as jobs_mod
 from proctor.services.review import land as land_mod
@@ -317,6 +319,60 @@ def routes(site: Site) -> APIRouter:
     @r.post("/jobs/{job_id}/discard")
     async def discard(request: Request, job_id: str) -> Response:
         return await verb(request, job_id, do_discard, "discard")
+
+    @r.get("/races/{race_id}")
+    def race_page(request: Request, race_id: str, flash: str = "") -> Response:
+        if not _authorized(site, request):
+            return _denied(site)
+        try:
+            race_id = param(race_id, "race id")
+        except BadParam as exc:
+            return _bad(str(exc))
+        with site.open_ledger() as ledger:
+            found = races.find(ledger, race_id)
+            if isinstance(found, str):
+                return site.render("missing.html", 404, job_id=race_id,
+                                   outcome={"ok": False, "code": "UNKNOWN_JOB", "reason": found})
+            site.views.note(ledger, "review.show", {"ok": True, "raceId": found.race_id, "via": "web"},
+                            principal="web", subject=found.race_id)
+            page = views.race_page(ledger, found)
+        return site.render("race.html", **page, flash=site.flashes.pop(flash, None) if flash else None)
+
+    @r.post("/races/{race_id}/land")
+    async def land_race(request: Request, race_id: str) -> Response:
+        """Land the job the person picked on the race's page, as shown there, and discard the rest."""
+        if not _authorized(site, request):
+            return _denied(site)
+        form = await _form(request)
+        if form is None or not site.access.csrf_ok(form.get("csrf")):
+            return PlainTextResponse("land refused (CSRF): the form did not come from this page; reload it",
+                                     status_code=403, headers=HEADERS)
+        try:
+            race_id = param(race_id, "race id")
+            for key, value in form.items():
+                param(value, key)
+        except BadParam as exc:
+            return _bad(str(exc))
+
+        def run() -> tuple[str, dict[str, Any]]:
+            with site.open_ledger() as ledger:
+                found = races.find(ledger, race_id)
+                if isinstance(found, str):
+                    return race_id, {"verb": "land", "ok": False, "code": "UNKNOWN_JOB", "reason": found}
+                job = pick_mod.chosen(ledger, found, form.get("pick") or None)
+                if isinstance(job, Outcome):
+                    return found.race_id, {"verb": "land", **job.to_dict()}
+                if form.get("shown") != views.landable_digest(job):  # what lands is what the page showed
+                    why = "the diff is not the one this page showed (or the page cut it): reload and read it again"
+                    jobs_mod.note(ledger, "review.land", {"ok": False, "code": "NOT_AS_SHOWN", "jobId": job.job_id,
+                                                          "via": "web", "reason": why}, job.job_id)
+                    return found.race_id, {"verb": "land", **Outcome(Code.NOT_AS_SHOWN, why).to_dict()}
+                out = pick_mod.land_race(ledger, found.race_id, job.job_id, via="web")
+                return found.race_id, {"verb": "land", **out.to_dict()}
+
+        rid, outcome = await run_in_threadpool(run)
+        return RedirectResponse(f"{site.root}/races/{quote(rid, safe='')}?flash={site.flash(outcome)}",
+                                status_code=303, headers=HEADERS)
 
     @r.get("/events")
     async def events(request: Request, repo: str = "", status: str = "", job: str = "") -> Response:

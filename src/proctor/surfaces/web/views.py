@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from proctor.mechanisms.ledger.store import Ledger
+from proctor.services.race import races
 from proctor.services.review import jobs as jobs_mod
 from proctor.services.review.diff import Diff, diff
 from proctor.services.review.land import landable
@@ -170,3 +171,19 @@ def job_page(ledger: Ledger, job: jobs_mod.Job) -> dict[str, Any]:
         "canLand": ended and job.state == "open" and job.commit is not None,
         "landBlocked": blocked, "canDiscard": ended and job.state != "discarded",
     }
+
+
+def race_page(ledger: Ledger, race: races.Race) -> dict[str, Any]:
+    """A race's jobs side by side, best first (the race's own ranking; a race still running: as asked), each
+    column a job's page (its verdict, tests, risks, diff) with its place and the reasons for it."""
+    placed = {str(r.get("jobId")): r for r in race.ranking}
+    order = [str(r.get("jobId")) for r in race.ranking] or list(race.jobs)
+    columns = []
+    for job_id in order:
+        found = jobs_mod.find(ledger, job_id)
+        if isinstance(found, Outcome):
+            columns.append({"missing": found.reason, "jobId": job_id, "place": placed.get(job_id)})
+            continue
+        columns.append({**job_page(ledger, found), "place": placed.get(job_id)})
+    return {"race": race.to_dict(), "columns": columns,
+            "landed": next((c["job"]["jobId"] for c in columns if c.get("job", {}).get("state") == "landed"), None)}
