@@ -38,7 +38,7 @@ from proctor.services.review.objects import open_objects
 from proctor.services.review.outcome import Outcome
 
 MAX_RUNS = 16  # jobs in one race: each is a worktree, a sandbox and an agent
-DEFAULT_PARALLEL = 2  # at once: one a core of this kind of machine; more only queue on the CPU
+DEFAULT_PARALLEL = 4  # at once: an agent mostly waits on its model, so more than the cores; --parallel bounds it
 
 
 @dataclass(frozen=True)
