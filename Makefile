@@ -5,13 +5,13 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-latest-clis system-deps agent-clis bench clean
 
-# pip's own lines are shown (Collecting / Downloading, a package a line): a silent minute read as a hang
-# (issue 24).
+# pip is quiet (its ~300 lines buried the demo's one answer, issue 43); the line before it says how long it
+# takes, so the minute is not read as a hang (issue 24).
 $(STAMP): pyproject.toml
 	@echo "make: creating $(VENV) and installing proctor with its test dependencies (once; about a minute)"
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install --progress-bar off -e '.[test]'
+	$(PY) -m pip install -q --progress-bar off -e '.[test]'
 	touch $(STAMP)
 	@echo "make: installed into $(VENV)"
 

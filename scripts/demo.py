@@ -3,7 +3,8 @@
 Builds a throw-away repo with a failing test (`add`) and a passing one (`mul`), then runs two real jobs
 through the same code path as `proctor run-agent`: one patch that fixes `add` (completed: the host's own run
 of the tests sees the failing test pass and nothing else change) and one that breaks `mul` (failed: a test
-that passed on the base fails now, whatever the patch claims). Prints both results.
+that passed on the base fails now, whatever the patch claims). Prints each job's closing lines; the whole result
+JSON of each is kept in a file the demo names.
 """
 
 from __future__ import annotations
@@ -67,8 +68,12 @@ def main() -> int:
               f"--ticket {ticket}", file=sys.stderr, flush=True)
         p = subprocess.run([proctor, "run-agent", "--agent", "patch", "--task-file", str(task), "--repo",
                             str(repo), "--ticket", ticket, "--timeout", "120"], env=env, text=True, capture_output=True)
-        sys.stdout.write(p.stdout)
-        print(f"=== exit code {p.returncode}", file=sys.stderr, flush=True)
+        kept = root / f"{ticket}.json"
+        kept.write_text(p.stdout)
+        # The job's own closing lines (status, whether a person must look and why, the tests, the next
+        # command), then where its whole result JSON is: the JSON is the record, the lines are what to read.
+        sys.stderr.write(p.stderr)
+        print(f"=== exit code {p.returncode}; the whole result JSON: {kept}", file=sys.stderr, flush=True)
         codes.append(p.returncode)
         try:
             changed.append(json.loads(p.stdout).get("changed_files"))
@@ -77,8 +82,8 @@ def main() -> int:
     # Both patches edit calc.py in place, same size, within the checkout's second: the host must list it.
     ok = codes == [0, 1] and changed == [["calc.py"], ["calc.py"]]
     print(f"\ndemo {'OK' if ok else 'UNEXPECTED'}: the fix completed (exit {codes[0]}), the break of a passing "
-          f"test failed validation (exit {codes[1]}); changed_files {changed}. Throw-away files are in {root}",
-          file=sys.stderr)
+          f"test failed validation (exit {codes[1]}); changed_files {changed}. Throw-away files are in {root}; "
+          f"to look yourself: PROCTOR_HOME={root / 'proctor-home'} {proctor} jobs", file=sys.stderr)
     return 0 if ok else 1
 
 

@@ -72,6 +72,8 @@ def test_a_race_ranks_the_right_change_first_and_the_cheat_last(tmp_path):
     assert "10" not in " ".join(cheat["reasons"]) and "test_more" not in json.dumps(out.ranking)  # counts only
     assert out.ranking[1]["tier"] == "failed its tests"
     assert [j.agent for j in out.jobs] == ["cheat", "wrong", "right"]  # each job's own result, in asked order
+    # One job ran the base's tests; the others, started with it, waited for that run and read it.
+    assert sorted(j.baseline["source"] for j in out.jobs) == ["cached", "cached", "ran"], [j.baseline for j in out.jobs]
     assert {n for n, _ in seen} == {1, 2, 3} and any(p.startswith("ended") for _, p in seen)  # live, all three
     with Ledger.default() as ledger:
         rows = [r for r in ledger.rows(kind="race.end") if r.payload["raceId"] == out.race_id]

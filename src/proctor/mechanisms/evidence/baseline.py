@@ -24,9 +24,12 @@ import hmac
 import json
 import os
 import re
+import fcntl
 import secrets
 import stat
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -38,6 +41,7 @@ from proctor.mechanisms.validation.shares import node_modules_dirs
 
 VERSION = 2  # the entry's shape; with the hooks' own source in every key, an older proctor's entry never matches
 MAX_ENTRY = 64 * 1024 * 1024
+LOCK_POLL_S = 0.1  # how often a job waiting for another's run of the same base looks again (and at its stop)
 MAX_LISTED = 2000  # a shared dir's top-level entries a key holds (name, inode, mtime)
 
 
@@ -139,6 +143,32 @@ class Cache:
         if len(data) > MAX_ENTRY or not hmac.compare_digest(seal, self._seal(key, body, secret).encode()):
             return None
         return Baseline.from_json(body)
+
+    @contextmanager
+    def running(self, key: str, stop: Callable[[], str | None]) -> Iterator[None]:
+        """Held while one job runs the base for `key`: jobs on the same base at once (a race's, a fleet's
+        batch) wait for the first instead of each running the base's tests, then load what it stored. An
+        exclusive lock on `<key>.lock` (the kernel drops it when a holder dies); the wait ends early when
+        `stop` says why, and the job then runs unlocked (its own run is stopped the same way)."""
+        fd = None
+        try:
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(self.root / f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if stop():
+                        break
+                    time.sleep(LOCK_POLL_S)
+        except OSError:
+            pass  # no lock: the job runs the base itself, as it would with no other job about
+        try:
+            yield
+        finally:
+            if fd is not None:
+                os.close(fd)  # closing drops the lock
 
     def store(self, key: str, baseline: Baseline) -> str | None:
         """None, or why it was not kept (uncached, the next job runs the base again)."""

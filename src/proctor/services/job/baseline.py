@@ -99,19 +99,32 @@ def baseline(job: Job, wt: worktree.Worktree, plan: vplan.Plan, env: dict[str, s
     cache = Cache(proctor_home() / "baselines")
     key = cache_key(job, wt, plan, env)
     got = cache.load(key) if confined and not fresh else None
+    if got is None and confined and not fresh:
+        job.progress.phase("waiting for another job's run of the same base")
+        with cache.running(key, job.poll):  # one job of a race (a batch) runs the base; the rest load it
+            got = cache.load(key)
+            if got is None:
+                got = _run_and_keep(job, wt, plan, env, result, key, cache)
+    elif got is None:  # unconfined (never cached), or asked to run afresh (and then kept)
+        got = _run_and_keep(job, wt, plan, env, result, key, cache if confined else None)
     if got is None:
-        job.progress.phase("running the base's tests")
-        got = _run(job, wt, plan, env, result, key, confined)
-        if got is None:
-            return NotRunnable(result.summary)
-        if confined:
-            why = cache.store(key, got)
-            if why:
-                job.risks.append(f"the base's run was not kept ({why}): the next job runs it again")
+        return NotRunnable(result.summary)
     got = dataclasses.replace(got, key=key)
     result.baseline = {**got.view(), "key": key[:16], "duration_s": round(time.monotonic() - start, 3)}
     job.ledger.append("job.baseline", {"jobId": job.job_id, "source": got.source, "key": key,
                                        "steps": [s.view() for s in got.steps]}, job_id=job.job_id)
+    return got
+
+
+def _run_and_keep(job: Job, wt: worktree.Worktree, plan: vplan.Plan, env: dict[str, str], result: RunAgentResult,
+                  key: str, cache: Cache | None) -> Baseline | None:
+    """The base run now, and kept in `cache` (None: an unconfined run, never cached)."""
+    job.progress.phase("running the base's tests")
+    got = _run(job, wt, plan, env, result, key, cache is not None)
+    if got is not None and cache is not None:
+        why = cache.store(key, got)
+        if why:
+            job.risks.append(f"the base's run was not kept ({why}): the next job runs it again")
     return got
 
 

@@ -100,13 +100,9 @@ class RichProgress:
             self._live.stop()
 
     def done(self, result: RunAgentResult) -> None:
-        from rich.text import Text
-
+        """The live line goes; the job's closing lines are the CLI's (surfaces.cli.closing), after any
+        landing the repo's policy made."""
         self.close()
-        self.console.print(Text.assemble(
-            (visible(result.status.value), "bold"),
-            f" ({visible(result.code.value)}) in {result.duration_seconds:.1f}s; worktree "
-            f"{visible(result.worktree_path)}"))
 
 
 def for_stderr() -> RichProgress | NullProgress:

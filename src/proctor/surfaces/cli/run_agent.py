@@ -23,6 +23,7 @@ from proctor.services.job.record import refused
 from proctor.services.review import auto
 from proctor.services.job.run_agent import run_agent
 from proctor.services.job.progress import NullProgress
+from proctor.surfaces.cli.closing import closing
 from proctor.surfaces.cli.progress import RichProgress, for_stderr
 from proctor.mechanisms.terminal import json_safe
 
@@ -115,6 +116,9 @@ def emit(result: RunAgentResult, progress: RichProgress | NullProgress | None = 
     line = human_line(result, interrupt)
     if line:
         progress.say(line)
+    else:
+        for closing_line in closing(result):
+            progress.say(closing_line)
     if interrupt and result.code is Code.CANCELLED:
         sys.exit(EXIT_CANCELLED)
     sys.exit(0 if result.status is Status.completed else 1)
