@@ -228,8 +228,12 @@ def test_exit_127_under_the_private_tmpfs_gets_a_hint(tmp_path):
     runner = _Runner(Exit(127, stderr=b"sh: 1: tox: not found\n"), Exit(127, stderr=b"sh: 1: tox: not found\n"))
     out = _attempts(tmp_path, runner, ["/usr/bin/bwrap", "--", "x"], "/tmp/venv/bin:/usr/bin")
     assert any("private, empty tmpfs" in r for r in out.risks), out.risks
-    # control: another exit, a path outside the tmpfs dirs, or no bubblewrap: no hint
-    assert tmpfs_hint(1, "/tmp/x: not found", "/tmp/venv/bin") is None
+    # Any file error naming a path there (issue 43: a script's `cp` of a file under /tmp, "cannot stat").
+    cp = tmpfs_hint(1, "cp: cannot stat '/tmp/data/input.csv': No such file or directory\n", "/usr/bin")
+    assert cp and "/tmp/data/input.csv" in cp and "exit 1" in cp, cp
+    # control: no file error, exit 0, a path outside the tmpfs dirs, or no bubblewrap: no hint
+    assert tmpfs_hint(1, "wrote /tmp/x.log; 3 tests failed", "/tmp/venv/bin") is None
+    assert tmpfs_hint(0, "cp: cannot stat '/tmp/x': No such file or directory", "/usr/bin") is None
     assert tmpfs_hint(127, "sh: 1: /opt/tox: not found", "/usr/bin") is None
     runner = _Runner(Exit(127, stderr=b"sh: 1: tox: not found\n"), Exit(127, stderr=b"sh: 1: tox: not found\n"))
     out = _attempts(tmp_path, runner, ["landlock-exec", "--", "x"], "/tmp/venv/bin:/usr/bin")

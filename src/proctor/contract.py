@@ -259,6 +259,9 @@ class RunAgentResult(BaseModel):
     # What the repo's auto_land policy did with the job, when the person's config has one for its repo:
     # landed or not, the code and reason, the policy (proctor.services.review.auto). None: no policy asked.
     landed: dict[str, Any] | None = None
+    # What the person should know that puts no verdict in doubt, their own config's doing (a declared agent's
+    # program showing a whole folder, per-repo tables naming a path that moved). Never the agent's words.
+    warnings: list[str] = Field(default_factory=list)
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True, indent=2)

@@ -211,6 +211,15 @@ class Config(BaseModel):
                 raise ValueError(f"[auto_land] {repo!r} must name an absolute repo path")
         return v
 
+    def moved(self, repo: Path) -> list[str]:
+        """The per-repo tables (`[repos]`, `[holdout]`, `[auto_land]`) naming a path that no longer exists,
+        when none names `repo`: a repo that moved from there has lost its settings, held-out tests and policy
+        (issue 43), which the person is told rather than left to guess."""
+        tables = {"repos": self.repos, "holdout": self.holdout, "auto_land": self.auto_land}
+        if any(Path(k).resolve() == repo.resolve() for t in tables.values() for k in t):
+            return []
+        return [f'[{name}."{k}"]' for name, t in tables.items() for k in t if not Path(k).exists()]
+
     def auto_land_for(self, repo: Path) -> AutoLand | None:
         return next((p for key, p in self.auto_land.items() if Path(key).resolve() == repo.resolve()), None)
 

@@ -89,26 +89,33 @@ def exec_missing(ex: Exit) -> str | None:
     return m.group(1) if m else None
 
 
+FILE_ERRORS = re.compile(r"no such file|cannot stat|cannot access|can't open|cannot open|not found|"
+                         r"does not exist|enoent", re.IGNORECASE)
+
+
 def tmpfs_hint(exit_code: int | None, output: str, path: str | None) -> str | None:
-    """Why an exit 127 ("not found") under bubblewrap may be the sandbox's doing: a path it names, or a
-    PATH directory, under a dir the sandbox replaces with a private, empty tmpfs (/tmp, /var/tmp, /run).
-    Found in issue 24: a tool installed under /tmp was `not found` with no hint why."""
-    if exit_code != EXIT_NOT_FOUND:
+    """Why a failing exit under bubblewrap may be the sandbox's doing: a path the output names beside a file
+    error ("cannot stat", "No such file", ...), or for an exit 127 a PATH directory, under a dir the sandbox
+    replaces with a private, empty tmpfs (/tmp, /var/tmp, /run). Found in issue 24 (a tool under /tmp `not
+    found`) and issue 43 (a script's `cp /tmp/x .` failing with "cannot stat" and no hint)."""
+    if not exit_code:
         return None
     roots = [Path(d) for d in tmpfs_dirs()]
 
     def under(p: str) -> Path | None:
         return next((r for r in roots if r in Path(p).parents), None)
 
-    named = [p for p in _ABS_PATH.findall(output[-8192:]) if under(p)]
-    on_path = [d for d in (path or "").split(os.pathsep) if d.startswith("/") and under(d)]
+    tail = output[-8192:]
+    named = [p for p in _ABS_PATH.findall(tail) if under(p)] if FILE_ERRORS.search(tail) else []
+    on_path = ([d for d in (path or "").split(os.pathsep) if d.startswith("/") and under(d)]
+               if exit_code == EXIT_NOT_FOUND else [])
     hit = (named or on_path or [None])[0]
     if hit is None:
         return None
     root = under(hit)
     what = "it names" if named else "on its PATH"
-    return (f"exit 127 (not found): {hit} ({what}) is under {root}, which the sandbox replaces with a private, "
-            f"empty tmpfs: nothing there is visible to the job; install the tool outside {root}")
+    return (f"exit {exit_code}: {hit} ({what}) is under {root}, which the sandbox replaces with a private, "
+            f"empty tmpfs: nothing the host put there is visible to the job; keep the file or tool outside {root}")
 
 
 def run_attempts(

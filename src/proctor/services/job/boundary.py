@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from proctor.mechanisms import confine
+from proctor.mechanisms.config.load import builtin_agents
 from proctor.mechanisms.confine.egress import EgressProxy
 from proctor.mechanisms.confine.plan import programs_of
 from proctor.mechanisms.git import worktree
@@ -130,6 +131,13 @@ def confine_agent(job: Job, confiner: confine.Confiner, wt: worktree.Worktree, a
         roots = dataclasses.replace(roots, egress_socket=proxy.socket_path, egress=spec.egress)
     job.confiner = confiner
     programs = programs_of(argv, env.get("PATH"))
+    if confiner.name != "none" and programs and spec.name not in builtin_agents():
+        # A declared CLI kept in ~/work/bin/ shows the agent all of ~/work: the person should hear it (a
+        # warning, not a risk: it is their config, and the verdict does not rest on what the agent read).
+        home = sandbox_home.user_home(unredirected_env())
+        broad = sandbox_home.exposes_more(programs[0], home) if home is not None else None
+        if broad:
+            job.warnings.append(broad)
     hidden = hide_home(job, roots, programs)
     if isinstance(hidden, confine.Unavailable):
         return hidden

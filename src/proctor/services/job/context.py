@@ -40,6 +40,9 @@ class Job:
     agent_tmp: Path
     host_tmp: Path
     risks: list[str] = field(default_factory=list)
+    # What the person should know that puts no verdict in doubt (their own config's doing): the result's
+    # `warnings`, and a line each on the CLI's stderr.
+    warnings: list[str] = field(default_factory=list)
     mode: str = "auto"
     # Set once the agent's plan is made; validation runs under the same confiner, network off.
     confiner: confine.Confiner | None = None

@@ -68,6 +68,11 @@ def prepare(job: Job, admitted: Admitted, result: RunAgentResult) -> Prepared | 
         # The checkout's index is read while the job gets ready and the agent runs: landing compares each file
         # to it (100,000 entries: 0.3 s of the time after the agent, off it now).
         threading.Thread(target=wt.recorded.entries, name=f"index-{job.job_id}", daemon=True).start()
+    moved = job.config.moved(admitted.repo.path)
+    if moved:
+        job.warnings.append(f"config names {', '.join(moved[:3])}, which no longer exist{'s' if len(moved) == 1 else ''}, "
+                            f"and nothing for {admitted.repo.path}: if this repo moved from there, its settings, "
+                            f"held-out tests and landing policy are not applied; re-key them to \"{admitted.repo.path}\"")
     result.worktree_path, result.branch = str(wt.path), wt.branch
     result.settings_commit = admitted.settings.sha
     job.work = wt.path.with_name(f".{wt.path.name}.work")

@@ -161,6 +161,7 @@ def _phases(job: Job, breaker: Breaker) -> RunAgentResult:
         admit.release(job, admitted, breaker, result)
     refused_egress(job)  # once, after every proxy of the job has stopped
     judge.verdict(job, result)
+    result.warnings = list(job.warnings)
     job.progress.done(result)
     return result
 

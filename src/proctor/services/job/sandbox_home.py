@@ -134,6 +134,31 @@ def install_roots(program: str) -> list[Path]:
     return roots
 
 
+# What an install root (a prefix, a venv, an npm tree) holds; anything else in it is the person's own files,
+# which keeping the root readable shows the agent too.
+INSTALL_ENTRIES = frozenset(("bin", "sbin", "lib", "lib32", "lib64", "libexec", "share", "include", "etc", "man",
+                             "node_modules", "pyvenv.cfg", "package.json", "package-lock.json", "conda-meta", "pkgs",
+                             "LICENSE", "README.md", ".bin", "Scripts", "cfg"))
+
+
+def exposes_more(program: str, home: Path) -> str | None:
+    """Why running `program` shows the agent more of the home than its install: its root (`X` of `X/bin/p`)
+    holds entries no install has (`X/notes`, `X/.env`), all readable by the job. None when it does not."""
+    for root in dict.fromkeys(install_roots(program)):
+        if root == home or not root.is_relative_to(home):
+            continue
+        try:
+            others = sorted(e.name for e in os.scandir(root) if e.name not in INSTALL_ENTRIES)
+        except OSError:
+            continue
+        if others:
+            shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+            return (f"the agent's program {program} keeps all of {root} readable to the job (it runs from "
+                    f"{root}'s bin/), and {root} holds more than an install: {shown}; move the program to a "
+                    "folder of its own")
+    return None
+
+
 def hidden_home(home: Path, keep: Sequence[Path]) -> tuple[Path, ...] | str:
     """`home` as the paths to hide: itself, or its other entries along the way down to each kept path
     (confine hides those: an empty mount under bwrap, no read rule under Landlock). A str when the home

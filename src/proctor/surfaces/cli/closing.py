@@ -48,7 +48,7 @@ def closing(result: RunAgentResult) -> list[str]:
         first = result.known_risks[0] if result.known_risks else "the verdict could not say"
         more = f" (+{len(result.known_risks) - 1} more)" if len(result.known_risks) > 1 else ""
         head += f": needs review: {first[:RISK_CHARS]}{'…' if len(first) > RISK_CHARS else ''}{more}"
-    lines = [head]
+    lines = [head, *(f"warning: {w}" for w in result.warnings)]
     tests = tests_line(result)
     if tests:
         lines.append(tests)

@@ -30,7 +30,19 @@ def _emit(out: RaceResult, cancelled: bool = False) -> None:
     sys.exit(EXIT_CANCELLED if cancelled else 0 if out.winner else 1)
 
 
-@main.command("race")
+class RaceCommand(click.Command):
+    """As run-agent's: a flag the race does not know is a refused race (JSON, exit 1), not usage text."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            _emit(RaceResult(raceId="", status=Status.failed, code=Code.INVALID_REQUEST,
+                             summary=f"invalid request: {exc.format_message()}"))
+            raise  # not reached: _emit exits
+
+
+@main.command("race", cls=RaceCommand)
 @click.option("--agent", "agents", multiple=True, help="An adapter key; repeat it, once a run (two of the same "
               "agent are two attempts).")
 @click.option("--attempts", type=click.IntRange(1, 16), default=1, show_default=True,

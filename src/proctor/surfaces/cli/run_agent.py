@@ -124,7 +124,28 @@ def emit(result: RunAgentResult, progress: RichProgress | NullProgress | None = 
     sys.exit(0 if result.status is Status.completed else 1)
 
 
-@main.command("run-agent")
+class RequestCommand(click.Command):
+    """A command whose flags are a request: a flag it does not know, or one without its value, is an invalid
+    request like any other (a failed result JSON naming it, exit 1), not click's usage text and exit 2."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            emit(refused({"agent": _flag_value(args, "--agent")}, [f"invalid request: {exc.format_message()}"],
+                         Code.INVALID_REQUEST, time.monotonic()))
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+@main.command("run-agent", cls=RequestCommand)
 @click.option("--agent", help="Adapter key: codex, claude, gemini, grok, opencode, patch (applies the unified "
               "diff given as the task, offline), or one from config.")
 @click.option("--task", help="The brief, as text (for --agent patch: a unified diff, as `git diff` prints).")
