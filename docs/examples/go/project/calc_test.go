@@ -1,0 +1,15 @@
+package calc
+
+import "testing"
+
+func TestAdd(t *testing.T) {
+	if got := Add(2, 3); got != 5 {
+		t.Fatalf("Add(2, 3) = %d, want 5", got)
+	}
+}
+
+func TestMul(t *testing.T) {
+	if got := Mul(2, 3); got != 6 {
+		t.Fatalf("Mul(2, 3) = %d, want 6", got)
+	}
+}
