@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-latest-clis system-deps agent-clis bench clean
+.PHONY: demo test docs docs-serve test-latest-clis system-deps agent-clis bench clean
 
 # pip is quiet (its ~300 lines buried the demo's one answer, issue 43); the line before it says how long it
 # takes, so the minute is not read as a hang (issue 24).
@@ -17,6 +17,15 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(PY) scripts/demo.py
+
+# The documentation site, built offline into site/ (--strict: a broken link or a missing example fails it;
+# tests/test_docs.py builds it too). `make docs-serve` serves it at http://127.0.0.1:8000 while you edit.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+	@echo "make: the site is in site/ (open site/index.html)"
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 # Debian packages the tests use for real (git, bubblewrap, sqlite3); installed only where missing.
 system-deps:

@@ -67,7 +67,7 @@ def test_builtin_adapter_argv_cwd_stdin_and_output(repo, fake, name):
     assert (Path(wt) / "touched.txt").read_text() == name
     assert res.known_risks == ["confinement is off by request: the agent and its validation ran unconfined",
                      "the verdict on `true` rests on its exit code alone: no per-test evidence "
-                     "(README: What the verdict rests on)"]
+                     "(docs/concepts/verdict.md: What the verdict rests on)"]
 
 
 def test_claude_is_error_beats_subtype_success(repo, fake):

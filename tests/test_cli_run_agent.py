@@ -40,7 +40,7 @@ def test_completed_job_prints_the_v1_result_and_exits_0(repo, fake):
     # The tests run unconfined (conftest), and `true` leaves no per-test evidence: the two risks.
     assert out["known_risks"] == ["confinement is off by request: the agent and its validation ran unconfined",
                      "the verdict on `true` rests on its exit code alone: no per-test evidence "
-                     "(README: What the verdict rests on)"]
+                     "(docs/concepts/verdict.md: What the verdict rests on)"]
     assert "Traceback" not in err
 
 

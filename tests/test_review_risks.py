@@ -55,7 +55,7 @@ def test_control_a_passing_validation_records_its_run_too(repo, fake):
     # The control for the risks below: a clean checkout on its base has only these two (unconfined, and a
     # command that leaves no per-test evidence).
     assert res.known_risks == [OFF, "the verdict on `echo all good` rests on its exit code alone: no per-test "
-                                    "evidence (README: What the verdict rests on)"]
+                                    "evidence (docs/concepts/verdict.md: What the verdict rests on)"]
 
 
 def test_uncommitted_changes_in_the_main_checkout_are_named(repo, fake):

@@ -249,7 +249,7 @@ def test_needs_human_review_false_only_when_everything_checked(repo, fake):
     assert good.status is Status.completed and good.needs_human_review is True
     assert good.known_risks == ["confinement is off by request: the agent and its validation ran unconfined",
                                 "the verdict on `true` rests on its exit code alone: no per-test evidence "
-                                "(README: What the verdict rests on)"]
+                                "(docs/concepts/verdict.md: What the verdict rests on)"]
     assert good.tests_attempted == ["true => exit 0"]
     skipped = run_agent(req(repo))  # no test command detected: validation did not run
     assert skipped.status is Status.completed and skipped.needs_human_review is True

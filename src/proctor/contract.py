@@ -26,7 +26,7 @@ REF_RE = re.compile(r"[A-Za-z0-9._/-]+")
 class Requester:
     """Who asked for a job when it is not the person at this machine: a queue signer, an MCP client. Never
     part of a request (the request is theirs to write); the surface that checked them tells run_agent.
-    Such a job never picks the config proctor trusts (README "Who is asking"): the repo's settings come
+    Such a job never picks the config proctor trusts (docs "Who is asking"): the repo's settings come
     from config.toml and the default branch, `branch` names a branch only, and `copy` and `registries`
     need `privileged`, the grant `validateCommand` needs."""
 
@@ -109,7 +109,7 @@ class RunAgentRequest(BaseModel):
     # declaration from the job (the CLI's tools, files and shell in the worktree, network per the adapter).
     task_decl: dict[str, Any] | None = Field(default=None, alias="taskDecl")
     # Additive: directories of held-out tests on the executing host, laid into validation only and never
-    # readable by the agent (README "What the verdict rests on"); from a queue sender only with
+    # readable by the agent (docs "What the verdict rests on"); from a queue sender only with
     # may_set_validate_command (it names host paths), like validateCommand.
     holdout: list[str] | None = None
     # Additive: test ids (as the runner names them: `tests/test_x.py::test_y`, `pkg TestY`) that must pass in
@@ -233,14 +233,14 @@ class RunAgentResult(BaseModel):
     # output_dropped; the whole output is in `validation_log` (a file under $PROCTOR_HOME).
     validation: list[dict[str, Any]] = Field(default_factory=list)
     validation_log: str | None = None
-    # The base's own run of the validation plan, before the agent (README "What the verdict rests on"):
+    # The base's own run of the validation plan, before the agent (docs "What the verdict rests on"):
     # source (ran | cached), confinement, and per step its runners, the evidence read and its counts; each
     # validation step's `compared` holds the job's tests against it (broken, fixed, pre_existing, new).
     baseline: dict[str, Any] | None = None
-    # What the verdict rests on (README): `verdict` (sealed > held-out > base-tests > exit-code), each
+    # What the verdict rests on (docs): `verdict` (sealed > held-out > base-tests > exit-code), each
     # validation step's rung, the held-out step's, and the rung the repo's settings require (null: none).
     basis: dict[str, Any] | None = None
-    # The held-out step (README "What the verdict rests on"): how many dirs and files, how many of the tree's
+    # The held-out step (docs "What the verdict rests on"): how many dirs and files, how many of the tree's
     # files they replaced, the held-out tests expected and failed, the sealed checks' counts and the ordinals
     # of those that failed; never names, content or expected values. None: nothing was held out.
     holdout: dict[str, Any] | None = None

@@ -37,7 +37,7 @@ def _strs(raw: object, key: str, origin: str) -> tuple[str, ...]:
 
 
 KEYS = ("setup", "copy", "share", "validate", "registries", "must_pass", "flaky", "require_basis")
-RUNGS = ("exit-code", "base-tests", "held-out", "sealed")  # what a verdict rests on, weakest first (README)
+RUNGS = ("exit-code", "base-tests", "held-out", "sealed")  # what a verdict rests on, weakest first (docs)
 
 
 def parse_settings(table: Mapping, origin: str) -> RepoSettings:

@@ -84,7 +84,7 @@ def _plain(label: str, exit_code: int | None, found: Mapping[str, Evidence], exp
         runs = [r for r in (base.runners if base is not None else ()) if r != label]
         seen = f" from what it runs ({', '.join(runs)})" if runs else ""
         return Judgement(risks=(f"the verdict on `{label}` rests on its exit code alone: no per-test "
-                                f"evidence{seen} (README: What the verdict rests on)",))
+                                f"evidence{seen} (docs/concepts/verdict.md: What the verdict rests on)",))
     bad = _session_failure(f"{label} exited 0 but", found, None)
     if bad:
         return Judgement(bad)

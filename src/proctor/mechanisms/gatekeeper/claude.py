@@ -19,7 +19,7 @@ from proctor.mechanisms.policy.task import Effect
 from proctor.mechanisms.validation.capped import read_capped
 
 # Claude Code's built-in tools (2.1.197 and 2.1.332) and what each does; a name missing here is UNKNOWN
-# (gatekeeper.task: `shell`, online) and, when claude's init event announces it, a risk on the job; how each row was determined is in the README's
+# (gatekeeper.task: `shell`, online) and, when claude's init event announces it, a risk on the job; how each row was determined is in docs/concepts/gate.md's
 # gate table (research/gating.md "Coverage", its -p tool list, the binary's strings, the docs). A tool that
 # can run a command is `shell` whatever its name: `Skill` ran a skill's embedded `!`git ...`` itself with no
 # Bash row (issue 22, item 4); LSP starts language-server programs; EnterWorktree/ExitWorktree run git

@@ -298,7 +298,7 @@ class GateService:
         the counts (decided, refused, by code, held) into `forged`, with a `gate.forged` row.
 
         Any process in the job can ask the gate socket: the hook runs as the same user in the same sandbox
-        as the agent's tools, so no secret of the hook's is out of their reach (README, "Who speaks to the
+        as the agent's tools, so no secret of the hook's is out of their reach (docs, "Who speaks to the
         gate"). A row the CLI's stream does not account for is therefore not a decision but a risk. Each
         streamed call confirms one decision of its id; a dialect's `confirms(tool, verdict)` (optional)
         names the decisions its stream can show at all (codex shows no refused call)."""

@@ -1,6 +1,6 @@
 """Frozen checks: which files define the tests, and the job's tree with the base's versions of them.
 
-Owns the documented list of test-defining files per ecosystem (README "Frozen checks") and building the
+Owns the documented list of test-defining files per ecosystem (docs "Frozen checks") and building the
 tree that runs the base's tests against the agent's code. An agent that edits one of these files may be
 choosing its own verdict (found in review: a weakened assertion, a `GNUmakefile` beside the Makefile, a
 `.pytest.ini` loading a plugin, a `pytest/` package shadowing the runner), so a change to any is a risk,

@@ -83,7 +83,7 @@ def hide_holdout(job: Job, roots: confine.ConfineRequest | confine.Unavailable,
                  ) -> confine.ConfineRequest | confine.Unavailable:
     """The held-out tests and sealed checks are never readable in a sandbox: not the agent's, not setup's,
     not validation's (whose code is the agent's): an agent cannot tune to what it cannot read, and a cheat in
-    the code under test cannot read the answers (README "What the verdict rests on")."""
+    the code under test cannot read the answers (docs "What the verdict rests on")."""
     dirs = tuple(Path(d).resolve() for d in holdout(job) if Path(d).is_dir())
     if isinstance(roots, confine.Unavailable) or not dirs:
         return roots

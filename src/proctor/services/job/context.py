@@ -68,7 +68,7 @@ class Job:
     @property
     def trusted(self) -> bool:
         """May this job's request pick what proctor trusts (a base's settings, any commit as its base)? Only
-        the person at this machine's (README "Who is asking")."""
+        the person at this machine's (docs "Who is asking")."""
         return self.requester is None
 
     @property

@@ -64,7 +64,7 @@ def basis(job: Job, result: RunAgentResult) -> None:
     result.basis = {"verdict": overall, "steps": steps, "held_out": held, "required": required}
     if required and RUNGS.index(overall) < RUNGS.index(required):
         job.risks.append(f"the verdict rests on {overall}; this repo requires {required} for a verdict a person "
-                         "may skip (README: What the verdict rests on)")
+                         "may skip (docs/concepts/verdict.md: What the verdict rests on)")
 
 
 def verdict(job: Job, result: RunAgentResult) -> RunAgentResult:

@@ -211,7 +211,7 @@ def _setup(job: Job, wt: worktree.Worktree, runner: ProcessRunner, env: dict[str
         return
     job.progress.phase("setting up the worktree")
     # The same variables as before validation (PATH, the repo's venv, the tools' settings): one environment
-    # for the repo's commands, documented in README "The validation environment". What it names outside
+    # for the repo's commands, documented in docs "The validation environment". What it names outside
     # the worktree (a venv poetry keeps under ~/.cache) is shown read-only, as to validation.
     jenv = environment.prepare(wt.path, wt.repo.path, vplan.Plan(()), cfg, tmp=job.agent_tmp / "setup-env",
                                env=env, bind=False)

@@ -12,7 +12,7 @@ refused before it launched, and four files and reading them back:
                    a reader in another process (the review page) shows a running job's progress
 (and validation.log beside them: the validation output in full, as the runner kept it).
 
-They live under $PROCTOR_HOME, which no confined agent can read (README "Confinement"); the ledger, not
+They live under $PROCTOR_HOME, which no confined agent can read (docs "Confinement"); the ledger, not
 these files, is the authority on a job's commit (`job.tree`), so a reader checks one against the other.
 Writing never raises into the job path: a file that cannot be written costs `show` and `land` their
 detail (land then refuses), never the job. It never decides anything.

@@ -2,7 +2,7 @@
 
 Owns the decision to land a finished job on its own and the `auto.land` ledger row naming the policy and the
 evidence it rested on. The policy is the person's config, never a request's field nor a repo's own file. A job
-lands only when its verdict needs no person, rests on at least the policy's basis (README "What the verdict
+lands only when its verdict needs no person, rests on at least the policy's basis (docs "What the verdict
 rests on") and recorded no risk; then `land` does what it does for a person — merged tree re-validated,
 the target checked — except that a change across the trust line (what runs or is obeyed outside the tests:
 `.proctor.toml` and the files it names, hooks, CI, agent instructions) is never landed here: it waits for a
