@@ -25,28 +25,46 @@ from proctor.mechanisms.confine.cgroup import JobGroup
 from proctor.mechanisms.confine.limits import human
 
 DISK_POLL_S = 0.1
+# A watch spends at most this share of one core on its walks, and waits at most DISK_POLL_MAX_S between two.
+# Bounded by wall time alone (a walk at most 10% of it), each of 20 jobs at once on 2 cores walked its
+# 2,000 files every 0.1-0.2 s: the watches took more CPU than the jobs' own tests (issue 44).
+DISK_CPU_SHARE = 0.01
+DISK_POLL_MAX_S = 2.0
+DU_TIMEOUT_S = 600.0
 _DU = shutil.which("du", path="/usr/bin:/bin")
 
 
-def _usage(roots: Sequence[Path]) -> int:
+def _usage(roots: Sequence[Path]) -> tuple[int, float]:
     """Bytes allocated beneath `roots` (st_blocks, no symlink followed, each inode once, the roots' own
-    entries included). coreutils' `du` walks in C, outside this interpreter's lock: 2.1x faster than the
-    walk below on 100,000 files (156 vs 331 ms), 1.4x on 2,000, and the run's drains and gate are not held
-    up while it walks. The walk below where there is no `du` or it gave no total."""
+    entries included), and the CPU seconds the walk took. coreutils' `du` walks in C, outside this
+    interpreter's lock: 2.1x faster than the walk below on 100,000 files (156 vs 331 ms), 1.4x on 2,000, and
+    the run's drains and gate are not held up while it walks. The walk below where there is no `du` or it
+    gave no total."""
     if _DU is not None:
         try:
-            res = subprocess.run([_DU, "-s", "-c", "-B1", "-0", "--", *map(str, roots)], stdin=subprocess.DEVNULL,
-                                 capture_output=True, env={"LC_ALL": "C"}, timeout=600, check=False)
+            proc = subprocess.Popen([_DU, "-s", "-c", "-B1", "-0", "--", *map(str, roots)], stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={"LC_ALL": "C"})
+            killer = threading.Timer(DU_TIMEOUT_S, proc.kill)
+            killer.start()
+            try:
+                with proc.stdout:  # type: ignore[union-attr]
+                    out = proc.stdout.read()  # type: ignore[union-attr]
+                # Reaped here, not by Popen: its rusage is what this walk cost, whatever else exits meanwhile.
+                _, status, used = os.wait4(proc.pid, 0)
+                proc.returncode = os.waitstatus_to_exitcode(status)
+            finally:
+                killer.cancel()
             # Records end with NUL (-0: a name with a newline is no line); the last is "<bytes>\ttotal". A
             # root that cannot be read makes du exit 1 with the total of the rest, as the walk counts it.
-            total = res.stdout.rstrip(b"\0").rpartition(b"\0")[2]
+            total = out.rstrip(b"\0").rpartition(b"\0")[2]
             if total.endswith(b"\ttotal") and total[:-6].isdigit():
                 # du counts each root's own entry, which the walk does not: their blocks are constant, and
                 # only a difference of two walks is ever read.
-                return int(total[:-6])
-        except (OSError, subprocess.SubprocessError):
+                return int(total[:-6]), used.ru_utime + used.ru_stime
+        except (OSError, subprocess.SubprocessError, ChildProcessError):
             pass
-    return _walk_usage(roots)
+    t0 = time.thread_time()
+    return _walk_usage(roots), time.thread_time() - t0
 
 
 def _walk_usage(roots: Sequence[Path]) -> int:
@@ -95,6 +113,13 @@ def _unlinked_open(pids: Sequence[int]) -> int:
     return total
 
 
+def interval(took_s: float, cpu_s: float) -> float:
+    """The wait before the next walk: a big tree is walked at most ~10% of the time and at most
+    DISK_CPU_SHARE of a core, however many jobs walk at once; never longer than DISK_POLL_MAX_S, so the
+    overshoot past the cap stays the write rate times that at most."""
+    return min(DISK_POLL_MAX_S, max(DISK_POLL_S, 10 * took_s, cpu_s / DISK_CPU_SHARE))
+
+
 class DiskWatch:
     """Polls the bytes a run added to its writable roots; `hit` names the cap once they pass it."""
 
@@ -105,7 +130,7 @@ class DiskWatch:
         self.cap = cap
         self.group = group
         t0 = time.monotonic()
-        self.baseline = _usage(self.roots)
+        self.baseline, self._baseline_cpu = _usage(self.roots)
         self._baseline_s = time.monotonic() - t0
         self.hit: str | None = None
         self.peak = 0
@@ -124,21 +149,26 @@ class DiskWatch:
         return self._members() if self._members is not None else []
 
     def check(self) -> str | None:
-        added = _usage(self.roots) + _unlinked_open(self._pids()) - self.baseline
+        return self._check()[0]
+
+    def _check(self) -> tuple[str | None, float]:
+        usage, cpu = _usage(self.roots)
+        added = usage + _unlinked_open(self._pids()) - self.baseline
         self.peak = max(self.peak, added)
         if added >= self.cap and self.hit is None:
             self.hit = (f"resource_limit: disk limit {human(self.cap)} reached: the job added {human(added)} "
                         f"({added} bytes) to {', '.join(map(str, self.roots))}")
-        return self.hit
+        return self.hit, cpu
 
     def _loop(self) -> None:
         # The baseline was walked just before the launch: the first poll waits one interval, so a run shorter
         # than that is walked once more (by `final`), not twice at once.
-        took = self._baseline_s
-        while not self._stop.wait(max(DISK_POLL_S, 10 * took)):  # a big tree is walked at most ~10% of the time
+        took, cpu = self._baseline_s, self._baseline_cpu
+        while not self._stop.wait(interval(took, cpu)):
             t0 = time.monotonic()
             try:
-                if self.check():
+                hit, cpu = self._check()
+                if hit:
                     return
             except Exception:  # noqa: BLE001 - a failing walk must not end the watch silently
                 pass

@@ -1,0 +1,113 @@
+"""Benchmark (not a test): N jobs at once against N floors at once (issue 44).
+
+A 2,000-file Python repo with a failing test; each job is the `patch` agent fixing it, default confinement,
+pytest validation (autodetected), as a separate `proctor run-agent` process (as N terminals, N MCP clients or
+a listener's N children run them). The floor of one job: `git worktree add`, the same patch applied with
+`git apply`, `python -m pytest` in it, `git status`. Both sides run N at once (a process each) after one
+warm-up job (the base's run cached, as on a repo one works on). Prints the wall times and their ratio, one
+job alone against one floor, every verdict checked, and the host processes' peak memory (max RSS each).
+
+Run: .venv/bin/python bench/many.py [--files 2000] [--n 1,20] [--runs 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+GIT = ["git", "-c", "user.name=b", "-c", "user.email=b@example.invalid"]
+PATCH = """--- a/calc.py
++++ b/calc.py
+@@ -1,2 +1,2 @@
+ def add(a, b):
+-    return a - b
++    return a + b
+"""
+
+
+def make_repo(root: Path, n_files: int) -> Path:
+    repo = root / "repo"
+    (repo / "tests").mkdir(parents=True)
+    for i in range(n_files):
+        p = repo / f"pkg{i % 40}" / f"mod{i}.txt"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(f"file {i}\n" * 5)
+    (repo / "pyproject.toml").write_text('[project]\nname = "calc"\nversion = "0"\n')
+    (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    (repo / "tests" / "test_calc.py").write_text("from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n")
+    subprocess.run([*GIT, "init", "-q", "-b", "master", str(repo)], check=True)
+    subprocess.run([*GIT, "add", "-A"], cwd=repo, check=True)
+    subprocess.run([*GIT, "commit", "-qm", "init"], cwd=repo, check=True)
+    return repo
+
+
+def floor(repo: Path, patch: Path, env: dict[str, str], i: int) -> float:
+    wt = repo.parent / "floors" / f"{i}-{time.monotonic_ns()}"
+    t0 = time.perf_counter()
+    subprocess.run(["git", "worktree", "add", "-q", "--detach", str(wt), "master"], cwd=repo, check=True,
+                   capture_output=True)
+    subprocess.run(["git", "apply", str(patch)], cwd=wt, check=True)
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=wt, check=True,
+                   capture_output=True, env=env)
+    subprocess.run(["git", "status", "--porcelain", "-z"], cwd=wt, check=True, capture_output=True)
+    return time.perf_counter() - t0
+
+
+def job(repo: Path, patch: Path, env: dict[str, str], i: int) -> tuple[float, bool]:
+    proctor = str(Path(sys.executable).with_name("proctor"))
+    t0 = time.perf_counter()
+    p = subprocess.Popen([proctor, "run-agent", "--agent", "patch", "--task-file", str(patch), "--repo", str(repo),
+                          "--ticket", f"M{i}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    out, _ = p.communicate()
+    took = time.perf_counter() - t0
+    res = json.loads(out)
+    return took, res["status"] == "completed" and res["needs_human_review"] is False
+
+
+def at_once(n: int, fn, *args) -> tuple[float, list]:
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(n) as pool:
+        got = list(pool.map(lambda i: fn(*args, i), range(n)))
+    return time.perf_counter() - t0, got
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--files", type=int, default=2000)
+    ap.add_argument("--n", default="1,20")
+    ap.add_argument("--runs", type=int, default=1)
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="proctor-bench-many-"))
+    repo = make_repo(root, args.files)
+    patch = root / "fix.diff"
+    patch.write_text(PATCH)
+    env = {**os.environ, "PROCTOR_HOME": str(root / "home"),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    job(repo, patch, env, -1)  # warm: the base's run cached
+    for n in [int(x) for x in args.n.split(",")]:
+        floors, jobs, oks = [], [], []
+        for _ in range(args.runs):
+            took, _ = at_once(n, floor, repo, patch, env)
+            floors.append(took)
+            took, got = at_once(n, job, repo, patch, env)
+            jobs.append(took)
+            oks.append(sum(1 for _, ok in got if ok))
+        rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        f, j = statistics.median(floors), statistics.median(jobs)
+        print(f"{n} at once: jobs {j:.2f} s, floors {f:.2f} s: {j / f:.2f}x (goal <= 1.0x at 20 and 50; one: "
+              f"<= 1.3x + 0.3 s); verdicts right {min(oks)}/{n}; largest child max RSS {rss:.0f} MB; "
+              f"load {os.getloadavg()[0]:.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
