@@ -106,11 +106,13 @@ def test_a_refusal_is_one_human_line_on_stderr(repo, fake):
     assert code == 1 and out["code"] == "UNKNOWN_AGENT"
     assert err.splitlines() == [f"proctor: refused (UNKNOWN_AGENT): {out['known_risks'][0]}"], err
     assert err.startswith("proctor: refused (UNKNOWN_AGENT): unknown agent 'x' (known: ") and "claude" in err
-    # control: a job that ran says nothing on a pipe's stderr (progress is for terminals only)
+    # control: a job that ran gets no refusal line; on a pipe its stderr is only its closing lines (the live
+    # progress is for terminals), which say how it ended and what to do next (issue 43)
     fake("claude", Behaviour(writes={"a": "1"}))
     code, out, err = cli("run-agent", "--agent", "claude", "--task", "t", "--repo", str(repo), "--ticket", "T",
                          "--validate-cmd", "true")
-    assert code == 0 and err == ""
+    assert code == 0 and "refused" not in err, err
+    assert err.splitlines()[0].startswith("completed (OK) in ") and f"next: proctor show {out['jobId']}" in err
 
 
 def test_missing_flags_are_named(repo):

@@ -6,7 +6,6 @@ no longer exists say so when the repo has none; a job's closing lines say what t
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from click.testing import CliRunner

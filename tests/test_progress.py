@@ -41,9 +41,12 @@ def test_progress_on_a_tty_stderr_and_quiet_on_a_pipe(repo, fake):
             "--validate-cmd", "true"]
     _, out, shown = _on_a_tty(args)
     assert json.loads(out)["status"] == "completed"
-    assert "completed" in shown and "worktree" in shown
+    assert "completed (OK)" in shown and "next: proctor show" in shown
     quiet = subprocess.run(args, check=False, capture_output=True, text=True, timeout=60)
-    assert json.loads(quiet.stdout)["status"] == "completed" and quiet.stderr == ""
+    assert json.loads(quiet.stdout)["status"] == "completed"
+    # On a pipe no live line (no spinner, no agent output): only the job's closing lines (issue 43).
+    assert "thinking hard" not in quiet.stderr and quiet.stderr.startswith("completed (OK) in "), quiet.stderr
+    assert all(line.startswith(("completed", "tests:", "next:")) for line in quiet.stderr.splitlines()), quiet.stderr
 
 
 def test_a_refusal_after_the_progress_line_started_is_said_on_the_terminal(repo, fake):

@@ -196,7 +196,8 @@ def test_control_a_benign_progress_line_is_shown(tmux, tmp_path, repo, fake_bin)
     final = screens.finish(done)[-1]
     assert json.loads(out.read_text())["status"] == "completed"
     assert "BEFORE-MARKER" in final
-    assert any(line.startswith("completed (OK) in ") and "worktree" in line for line in final.splitlines())
+    assert any(line.startswith("completed (OK) in ") for line in final.splitlines()), final
+    assert "next: proctor show" in final.replace("\n", "")  # the closing lines (issue 43), wrapped or not
 
 
 ELAPSED = re.compile(r"running claude \(attempt 1\)\s+(\d+\.\d)s")

@@ -24,7 +24,7 @@ from proctor.mechanisms.queue.results import SignedResult
 from proctor.mechanisms.queue.sent import SentStore
 from proctor.mechanisms.queue.signers import TrustStore
 from proctor.services.job.record import new_job_id
-from proctor.services.race.race import race_errors
+from proctor.services.race.race import race_errors, ranked
 from proctor.services.race.rank import rank
 
 
@@ -61,19 +61,11 @@ async def race_over_queue(backend: QueueBackend, trust: TrustStore, requests: Se
     queued = [await sender.publish(backend, s, sent=sent) for s in sealed]
     answers = await asyncio.gather(*(sender.wait(backend, trust, q, wait_s, sent=sent) for q in queued))
     results = [_result(q.job_id, q.target, r, requests[i].agent, wait_s) for i, (q, r) in enumerate(zip(queued, answers))]
-    standings = rank(results)
-    ranking = [{**s.record(i + 1), "host": next(q.target for q in queued if q.job_id == s.job_id)}
-               for i, s in enumerate(standings)]
-    best = standings[0]
-    winner = best.job_id if best.tier == 0 else None
+    hosts = {q.job_id: q.target for q in queued}
+    out = ranked(race_id, results, rank(results), start, lambda s: {"host": hosts[s.job_id]})
     with Ledger.default() as ledger:
-        ledger.append("race.end", {"raceId": race_id, "winner": winner, "ranking": ranking})
-    top = next(r for r in results if r.job_id == best.job_id)
-    summary = (f"{winner} ({top.agent}) ranked first of {len(results)}: {best.reasons[0]}" if winner
-               else f"no job of {len(results)} was accepted; the best, {best.job_id} ({top.agent}): {best.reasons[0]}")
-    return RaceResult(raceId=race_id, status=Status.completed if winner else Status.failed,
-                      code=Code.OK if winner else top.code, summary=summary, winner=winner, ranking=ranking,
-                      jobs=results, durationSeconds=round(time.monotonic() - start, 3))
+        ledger.append("race.end", {"raceId": race_id, "winner": out.winner, "ranking": out.ranking})
+    return out
 
 
 def _result(job_id: str, host: str, answer: object, agent: str, wait_s: float) -> RunAgentResult:

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from proctor.contract import Code, RaceResult, Requester, RunAgentRequest, RunAgentResult, Status
 from proctor.mechanisms.config.load import ConfigError, load_config
@@ -32,7 +33,7 @@ from proctor.mechanisms.process.spawn import Watch
 from proctor.services.job.progress import NullProgress, Progress
 from proctor.services.job.record import new_job_id
 from proctor.services.job.run_agent import run_agent
-from proctor.services.race.rank import rank
+from proctor.services.race.rank import Standing, rank
 from proctor.services.review import auto, jobs
 from proctor.services.review.objects import open_objects
 from proctor.services.review.outcome import Outcome
@@ -184,18 +185,28 @@ def close_race(opened: Opened, results: Sequence[RunAgentResult], governor: Usag
     with Ledger.default() as ledger:
         lines = {r.job_id or "": n for r in results if (n := diff_lines(ledger, r)) is not None}
         standings = rank(results, lines)
-        ranking = [s.record(i + 1) for i, s in enumerate(standings)]
-        best = standings[0]
-        winner = best.job_id if best.tier == 0 else None
-        ledger.append("race.end", {"raceId": opened.race_id, "winner": winner, "ranking": ranking})
-        top = next(r for r in results if r.job_id == best.job_id)
-        landed = (auto.after_job(opened.requests[0].repo, top, opened.config, ledger=ledger, race=opened.race_id)
-                  if winner else None)
+        out = ranked(opened.race_id, results, standings, opened.start)
+        ledger.append("race.end", {"raceId": opened.race_id, "winner": out.winner, "ranking": out.ranking})
+        if out.winner:
+            top = next(r for r in results if r.job_id == out.winner)
+            out.landed = auto.after_job(opened.requests[0].repo, top, opened.config, ledger=ledger,
+                                        race=opened.race_id)
+    return out
+
+
+def ranked(race_id: str, results: Sequence[RunAgentResult], standings: Sequence[Standing], start: float,
+           extra: Callable[[Standing], dict[str, Any]] | None = None) -> RaceResult:
+    """The race's result from its ranking: the winner (the first, when its verdict needs no person), its
+    summary, and every job's place with `extra`'s fields."""
+    ranking = [{**s.record(i + 1), **(extra(s) if extra else {})} for i, s in enumerate(standings)]
+    best = standings[0]
+    winner = best.job_id if best.tier == 0 else None
+    top = next(r for r in results if r.job_id == best.job_id)
     summary = (f"{winner} ({top.agent}) ranked first of {len(results)}: {best.reasons[0]}" if winner
                else f"no job of {len(results)} was accepted; the best, {best.job_id} ({top.agent}): {best.reasons[0]}")
-    return RaceResult(raceId=opened.race_id, status=Status.completed if winner else Status.failed,
+    return RaceResult(raceId=race_id, status=Status.completed if winner else Status.failed,
                       code=Code.OK if winner else top.code, summary=summary, winner=winner, ranking=ranking,
-                      jobs=list(results), durationSeconds=round(time.monotonic() - opened.start, 3), landed=landed)
+                      jobs=list(results), durationSeconds=round(time.monotonic() - start, 3))
 
 
 def _book_all(governor: UsageGovernor, requests: Sequence[RunAgentRequest],

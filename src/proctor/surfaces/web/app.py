@@ -267,8 +267,9 @@ def routes(site: Site) -> APIRouter:
             page = views.job_page(ledger, found)
         return site.render("job.html", **page, modes=MODES, flash=site.flashes.pop(flash, None) if flash else None)
 
-    async def verb(request: Request, job_id: str, act: Callable[[Ledger, jobs_mod.Job, dict[str, str]], Outcome],
-                   name: str) -> Response:
+    async def posted(request: Request, name: str) -> dict[str, str] | Response:
+        """A verb's form, signed in, from this page (its CSRF token), every value a plain parameter; else the
+        refusal to answer with."""
         if not _authorized(site, request):
             return _denied(site)
         form = await _form(request)
@@ -280,6 +281,13 @@ def routes(site: Site) -> APIRouter:
                 param(value, key)
         except BadParam as exc:
             return _bad(str(exc))
+        return form
+
+    async def verb(request: Request, job_id: str, act: Callable[[Ledger, jobs_mod.Job, dict[str, str]], Outcome],
+                   name: str) -> Response:
+        form = await posted(request, name)
+        if isinstance(form, Response):
+            return form
 
         def run() -> tuple[str, dict[str, Any]]:
             with site.open_ledger() as ledger:
@@ -341,16 +349,11 @@ def routes(site: Site) -> APIRouter:
     @r.post("/races/{race_id}/land")
     async def land_race(request: Request, race_id: str) -> Response:
         """Land the job the person picked on the race's page, as shown there, and discard the rest."""
-        if not _authorized(site, request):
-            return _denied(site)
-        form = await _form(request)
-        if form is None or not site.access.csrf_ok(form.get("csrf")):
-            return PlainTextResponse("land refused (CSRF): the form did not come from this page; reload it",
-                                     status_code=403, headers=HEADERS)
+        form = await posted(request, "land")
+        if isinstance(form, Response):
+            return form
         try:
             race_id = param(race_id, "race id")
-            for key, value in form.items():
-                param(value, key)
         except BadParam as exc:
             return _bad(str(exc))
 
