@@ -64,3 +64,12 @@ def test_the_own_model_pages_config_loads_as_shown(tmp_path, monkeypatch):
     assert claude is not None and claude.env.get("ANTHROPIC_BASE_URL") == "https://gateway.internal:4000"
     assert claude.egress == ("gateway.internal:4000",)
     assert local is not None and local.command[0] == "my-agent-cli" and local.prompt == "stdin"
+
+
+def test_the_uv_pages_settings_read_as_a_repos_own():
+    from proctor.mechanisms.config.settings import parse_settings
+
+    import tomllib
+
+    got = parse_settings(tomllib.loads((EXAMPLES / "uv-poetry" / "proctor.toml").read_text()), ".proctor.toml")
+    assert got.setup == ("uv sync --frozen --offline",) and "pypi.org" in got.registries
