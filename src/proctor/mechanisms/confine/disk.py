@@ -114,10 +114,10 @@ def _unlinked_open(pids: Sequence[int]) -> int:
 
 
 def interval(took_s: float, cpu_s: float) -> float:
-    """The wait before the next walk: a big tree is walked at most ~10% of the time and at most
-    DISK_CPU_SHARE of a core, however many jobs walk at once; never longer than DISK_POLL_MAX_S, so the
-    overshoot past the cap stays the write rate times that at most."""
-    return min(DISK_POLL_MAX_S, max(DISK_POLL_S, 10 * took_s, cpu_s / DISK_CPU_SHARE))
+    """The wait before the next walk: a big tree is walked at most ~10% of the time, and at most
+    DISK_CPU_SHARE of a core however many jobs walk at once, that share waiting no longer than
+    DISK_POLL_MAX_S (so the overshoot past the cap stays the write rate times that, where walks are quick)."""
+    return max(DISK_POLL_S, 10 * took_s, min(DISK_POLL_MAX_S, cpu_s / DISK_CPU_SHARE))
 
 
 class DiskWatch:

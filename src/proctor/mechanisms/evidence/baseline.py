@@ -145,12 +145,14 @@ class Cache:
         return Baseline.from_json(body)
 
     @contextmanager
-    def running(self, key: str, stop: Callable[[], str | None]) -> Iterator[None]:
+    def running(self, key: str, stop: Callable[[], str | None]) -> Iterator[bool]:
         """Held while one job runs the base for `key`: jobs on the same base at once (a race's, a fleet's
         batch) wait for the first instead of each running the base's tests, then load what it stored. An
         exclusive lock on `<key>.lock` (the kernel drops it when a holder dies); the wait ends early when
-        `stop` says why, and the job then runs unlocked (its own run is stopped the same way)."""
-        fd = None
+        `stop` says why, and the job then runs unlocked (its own run is stopped the same way). Yields whether
+        it waited for another: a waiter that then finds nothing kept (that run could not be kept) runs the
+        base without the lock, so the rest are not made to run it one after another."""
+        fd, waited = None, False
         try:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
             fd = os.open(self.root / f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -159,13 +161,14 @@ class Cache:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
+                    waited = True
                     if stop():
                         break
                     time.sleep(LOCK_POLL_S)
         except OSError:
             pass  # no lock: the job runs the base itself, as it would with no other job about
         try:
-            yield
+            yield waited
         finally:
             if fd is not None:
                 os.close(fd)  # closing drops the lock

@@ -61,6 +61,20 @@ class Booked:
         return {"budget": self.budget, "booked": self.amount.as_dict(), "windows": dict(self.windows)}
 
 
+@dataclass
+class Prebooked:
+    """A booking made before its job was asked (a race books all its runs at once), handed to the job. The
+    job `take`s it at admission and from then on settles or releases it as its own; one never taken (the
+    job refused before admission) is the booker's to release. Exactly one of the two does, never both."""
+
+    booking: Booking
+    taken: bool = False
+
+    def take(self) -> Booking:
+        self.taken = True
+        return self.booking
+
+
 @dataclass(frozen=True)
 class Booking:
     """Admitted: the run may launch. Settle it after the run (`settle`), or `release` it if nothing ran.

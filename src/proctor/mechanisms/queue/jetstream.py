@@ -361,9 +361,12 @@ class JetStreamBackend:
             js = self.nc.jetstream()
             try:
                 self.kv[QUOTA_BUCKET] = await js.key_value(QUOTA_BUCKET)
-            except nats.js.errors.BucketNotFoundError:  # two servers making it at once make the same one
-                self.kv[QUOTA_BUCKET] = await js.create_key_value(KeyValueConfig(
-                    bucket=QUOTA_BUCKET, history=1, ttl=QUOTA_KEY_TTL_S, replicas=min(3, self.cluster_size())))
+            except nats.js.errors.BucketNotFoundError:
+                try:
+                    self.kv[QUOTA_BUCKET] = await js.create_key_value(KeyValueConfig(
+                        bucket=QUOTA_BUCKET, history=1, ttl=QUOTA_KEY_TTL_S, replicas=min(3, self.cluster_size())))
+                except nats.js.errors.APIError:  # another server made it first (its replicas may differ)
+                    self.kv[QUOTA_BUCKET] = await js.key_value(QUOTA_BUCKET)
         return self.kv[QUOTA_BUCKET]
 
     async def fetch(self, host: str, lane: str, max_n: int, timeout_s: float) -> list[JetStreamDelivery]:

@@ -141,7 +141,7 @@ def _book(job: Job) -> Booking | RunAgentResult:
     req = job.request
     if job.governor is None:
         return Booking(job.job_id, req.agent, None, None)
-    got = job.booked if job.booked is not None else job.governor.book(req.agent, job.job_id)
+    got = job.booked.take() if job.booked is not None else job.governor.book(req.agent, job.job_id)
     if isinstance(got, Booking):
         if got.parts:
             try:

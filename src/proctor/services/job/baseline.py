@@ -101,10 +101,12 @@ def baseline(job: Job, wt: worktree.Worktree, plan: vplan.Plan, env: dict[str, s
     got = cache.load(key) if confined and not fresh else None
     if got is None and confined and not fresh:
         job.progress.phase("waiting for another job's run of the same base")
-        with cache.running(key, job.poll):  # one job of a race (a batch) runs the base; the rest load it
+        with cache.running(key, job.poll) as waited:  # one job of a race (a batch) runs the base; the rest load it
             got = cache.load(key)
-            if got is None:
+            if got is None and not waited:
                 got = _run_and_keep(job, wt, plan, env, result, key, cache)
+        if got is None and waited:  # the run waited for could not be kept: this job's own, unlocked
+            got = _run_and_keep(job, wt, plan, env, result, key, cache)
     elif got is None:  # unconfined (never cached), or asked to run afresh (and then kept)
         got = _run_and_keep(job, wt, plan, env, result, key, cache if confined else None)
     if got is None:

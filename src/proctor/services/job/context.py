@@ -16,7 +16,7 @@ from proctor.mechanisms.config.settings import RepoSettings
 from proctor.mechanisms.confine.limits import Limits
 from proctor.mechanisms.confine.egress import EgressProxy
 from proctor.mechanisms.ledger.store import Ledger
-from proctor.mechanisms.policy.governor import Booking, UsageGovernor
+from proctor.mechanisms.policy.governor import Prebooked, UsageGovernor
 from proctor.mechanisms.policy.stop import StopSwitch
 from proctor.mechanisms.process.local import ProcessRunner
 from proctor.services.job import sandbox_home
@@ -58,7 +58,7 @@ class Job:
     # The repo's keys (config over the base's .proctor.toml), read once: its setup, shares and validate.
     settings: RepoSettings | None = None
     governor: UsageGovernor | None = None  # books the job against the trusted policy's spend budgets
-    booked: Booking | None = None  # booked for it before it was asked (a race books all its runs at once)
+    booked: Prebooked | None = None  # booked for it before it was asked (a race books all its runs at once)
     usage: Usage | None = None  # what the CLI's protocol reported using, every attempt's
     # Did the agent's process start: False until the launch is tried, None while it is in flight (unknown
     # if it raised), then what the runner saw. Decides whether the job's booking is settled or released.

@@ -12,12 +12,12 @@ against that base: what the chain fixed and broke, not only the last step. Landi
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from proctor.mechanisms.git import worktree
-from proctor.mechanisms.git.command import git
 from proctor.services.job.context import Job
 from proctor.services.review import jobs
 from proctor.services.review.objects import open_objects
@@ -75,9 +75,9 @@ def prompt(task: str, earlier: Earlier) -> str:
 
 def lay(job: Job, wt: worktree.Worktree, earlier: Earlier) -> str | None:
     """The earlier job's tree laid over the fresh checkout of the base (before the agent, after the base's own
-    run): through a git dir of the host's borrowing that job's objects, its index first the base's, so git
-    writes exactly what the chain changed. The job's own git dir keeps the base as HEAD and index. None, or
-    why it could not be done."""
+    run): through a git dir of the host's borrowing that job's objects, its index a copy of the job's own
+    (the base's, stat data included), so git writes exactly what the chain changed. The job's own git dir
+    keeps the base as HEAD and index. None, or why it could not be done."""
     with tempfile.TemporaryDirectory(prefix="proctor-continue-", dir=job.host_tmp) as scratch:
         objects = open_objects(earlier.job, Path(scratch))
         if isinstance(objects, Outcome):
@@ -85,8 +85,11 @@ def lay(job: Job, wt: worktree.Worktree, earlier: Earlier) -> str | None:
         if objects.base != wt.base_sha:
             return (f"job {earlier.job.job_id} was cut from {objects.base[:12]}, not from the base "
                     f"{wt.base_sha[:12]} this job was")
-        res = git(["read-tree", wt.base_sha], git_dir=objects.git_dir)
-        if not res.ok:
-            return f"git read-tree of the base failed: {res.err}"
+        # The job's own index (the host's, from the base's checkout a moment ago: the agent has not run) with
+        # its stat data, so git rewrites only what the chain changed and the rest keeps what landing vouches.
+        try:
+            shutil.copyfile(wt.path / ".git" / "index", objects.git_dir / "index")
+        except OSError as exc:
+            return f"the job's index could not be read: {exc}"
         failure = worktree.checkout(objects.git_dir, wt.path, objects.commit)
         return failure.reason if failure is not None else None

@@ -26,7 +26,7 @@ from proctor.mechanisms.config.model import Config
 from proctor.mechanisms.confine import cgroup
 from proctor.mechanisms.ledger.store import Ledger, LedgerFull
 from proctor.mechanisms.policy.breaker import Breaker
-from proctor.mechanisms.policy.governor import Booking, Spend, UsageGovernor
+from proctor.mechanisms.policy.governor import Prebooked, Spend, UsageGovernor
 from proctor.mechanisms.policy.stop import StopSwitch
 from proctor.mechanisms.policy.tally import SqliteTally
 from proctor.mechanisms.policy.trusted import Policy, PolicyError
@@ -50,7 +50,7 @@ def run_agent(
     stop: StopSwitch | None = None,
     spend: Spend | None = None,
     requester: Requester | None = None,
-    booked: Booking | None = None,
+    booked: Prebooked | None = None,
 ) -> RunAgentResult:
     """Have `request.agent` do `request.task` in a new worktree of `request.repo`; never raises for a bad
     request or a misbehaving agent: every outcome is a result with a status and a code.
@@ -61,9 +61,9 @@ def run_agent(
     `requester`: who asked, when not the person at this machine (a queue signer, an MCP client): such a job
     never picks the config proctor trusts (proctor.contract.Requester).
 
-    `booked`: the job's booking made before it was asked (a race books all its runs before any launches);
-    it is settled or released as the job's own would be, and a job refused before admission books nothing
-    of it (the caller releases it: its `budget` stays None).
+    `booked`: the job's booking made before it was asked (a race books all its runs before any launches):
+    admission takes it, and from then on the job settles or releases it as its own; one a job never took
+    (refused before admission) is the caller's to release (`Prebooked.taken` says which).
 
     `cancel` is polled while the agent and validation run (as is the stop switch); a reason kills the whole
     tree. Every job writes a `job.start` row before anything happens and a `job.end` row with its verdict,
@@ -102,7 +102,7 @@ def run_agent(
 def _job(request: RunAgentRequest, config: Config | None, runner: ProcessRunner | None, progress: Progress,
          cancel: Callable[[], str | None] | None, job_id: str, ledger: Ledger, stop: StopSwitch | None,
          start: float, spend: Spend | None, requester: Requester | None = None,
-         booked: Booking | None = None) -> RunAgentResult:
+         booked: Prebooked | None = None) -> RunAgentResult:
     """The job's state made from this machine's config and trusted policy (refused when either is
     unusable), its phases run, and its private dirs and proxies gone whatever happened."""
     try:

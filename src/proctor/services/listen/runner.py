@@ -80,10 +80,6 @@ def main() -> int:
     requester = Requester(str(asked["name"]), bool(asked.get("privileged"))) if asked else Requester("queue:?")
     result = run_agent(request, config=config, cancel=reason.get, job_id=start["attemptId"],
                        spend=_spend(start, config), requester=requester)
-    if reason.get() is None and result.job_id:
-        from proctor.services.review import auto
-
-        auto.after_job(request.repo, result, config)  # lands it only where this host's config says so
     result.job_id = start["jobId"]
     store.record_attempt(
         start["jobId"], int(start["delivery"]), worktree=result.worktree_path,

@@ -26,7 +26,7 @@ from proctor.mechanisms.config.load import ConfigError, load_config
 from proctor.mechanisms.config.model import Config
 from proctor.mechanisms.git.command import git
 from proctor.mechanisms.ledger.store import Ledger, LedgerError
-from proctor.mechanisms.policy.governor import Booking, UsageGovernor
+from proctor.mechanisms.policy.governor import Booking, Prebooked, UsageGovernor
 from proctor.mechanisms.policy.tally import SqliteTally
 from proctor.mechanisms.policy.trusted import Policy, PolicyError
 from proctor.mechanisms.process.spawn import Watch
@@ -82,12 +82,13 @@ def race_errors(requests: Sequence[RunAgentRequest], parallel: int) -> list[str]
 @dataclass(frozen=True)
 class Opened:
     """A race admitted: its id, its jobs' ids, every run booked, its start row written. Run each request
-    with its id and booking (`run_agent(..., job_id=, booked=)`), then `close_race` with the results."""
+    with its id and booking (`run_agent(..., job_id=, booked=)`), then `close_race` with the results; a
+    booking no job took is released there (`release_untaken` where the jobs never all ran)."""
 
     race_id: str
     requests: tuple[RunAgentRequest, ...]
     ids: tuple[str, ...]
-    booked: tuple[Booking, ...]
+    booked: tuple[Prebooked, ...]
     config: Config
     start: float
 
@@ -116,9 +117,14 @@ def race(requests: Sequence[RunAgentRequest], *, parallel: int = DEFAULT_PARALLE
             return run_agent(opened.requests[i], config=opened.config, progress=progress, cancel=cancel,
                              job_id=opened.ids[i], booked=opened.booked[i], requester=requester)
 
-        with ThreadPoolExecutor(max_workers=min(parallel, len(requests)), thread_name_prefix=opened.race_id) as pool:
-            results = list(pool.map(one, range(len(requests))))
-        return close_race(opened, results, gov)
+        try:
+            with ThreadPoolExecutor(max_workers=min(parallel, len(requests)), thread_name_prefix=opened.race_id) as pool:
+                results = list(pool.map(one, range(len(requests))))
+        except BaseException:
+            release_untaken(opened, gov)  # run_agent never raises; should it, no booking outlives the race
+            raise
+        # A race someone else asked for, or one cancelled, lands nothing on its own: the person's own only.
+        return close_race(opened, results, gov, land=requester is None and not (cancel and cancel()))
 
 
 @contextmanager
@@ -173,21 +179,30 @@ def open_race(requests: Sequence[RunAgentRequest], *, parallel: int = DEFAULT_PA
             governor.release(b)
         return _refused(race_id, Code.HOST_ERROR, f"the race's start could not be recorded ({exc}); "
                         "nothing was launched", start)
-    return Opened(race_id, tuple(requests), tuple(ids), tuple(booked), config, start)
+    return Opened(race_id, tuple(requests), tuple(ids), tuple(Prebooked(b) for b in booked), config, start)
 
 
-def close_race(opened: Opened, results: Sequence[RunAgentResult], governor: UsageGovernor) -> RaceResult:
+def release_untaken(opened: Opened, governor: UsageGovernor) -> None:
+    """The bookings no job took (refused before admission, or never started): the race's to give back. A
+    taken one is its job's, settled or released by it, never here too."""
+    for pre in opened.booked:
+        if not pre.taken and pre.booking.parts:
+            pre.taken = True  # given back once, whoever asks again
+            governor.release(pre.booking)
+
+
+def close_race(opened: Opened, results: Sequence[RunAgentResult], governor: UsageGovernor, *,
+               land: bool = True) -> RaceResult:
     """The race's ranking from its jobs' results (in the order asked), its `race.end` row, the bookings no
-    job took back, and its winner landed where the repo's auto_land policy says."""
-    for b, r in zip(opened.booked, results):
-        if b.parts and r.budget is None:  # refused before admission booked it: it was never the job's
-            governor.release(b)
+    job took back, and (`land`: the person's own race, not cancelled) its winner landed where the repo's
+    auto_land policy says."""
+    release_untaken(opened, governor)
     with Ledger.default() as ledger:
         lines = {r.job_id or "": n for r in results if (n := diff_lines(ledger, r)) is not None}
         standings = rank(results, lines)
         out = ranked(opened.race_id, results, standings, opened.start)
         ledger.append("race.end", {"raceId": opened.race_id, "winner": out.winner, "ranking": out.ranking})
-        if out.winner:
+        if out.winner and land:
             top = next(r for r in results if r.job_id == out.winner)
             out.landed = auto.after_job(opened.requests[0].repo, top, opened.config, ledger=ledger,
                                         race=opened.race_id)

@@ -6,7 +6,9 @@ lands only when its verdict needs no person, rests on at least the policy's basi
 rests on") and recorded no risk; then `land` does what it does for a person — merged tree re-validated,
 the target checked — except that a change across the trust line (what runs or is obeyed outside the tests:
 `.proctor.toml` and the files it names, hooks, CI, agent instructions) is never landed here: it waits for a
-person (`TRUST_LINE`). A race lands its winner only, never a job because it passed alone.
+person (`TRUST_LINE`). Only the person's own jobs are landed so (`proctor run-agent`, the winner of a race
+they ran), never one someone else asked for (a queue or MCP requester chose its base branch); a race lands
+its winner only, never a job because it passed alone; a follow-up never (it lands its whole chain).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def why_not(result: RunAgentResult, policy: AutoLand) -> str | None:
         return f"the verdict rests on {basis or 'nothing stated'}; the policy asks for {policy.basis} or stronger"
     if not result.commit or not result.job_id:
         return "the job has no commit"
+    if result.chain:  # landing it lands the chain, whose earlier jobs this verdict did not judge one by one
+        return f"a follow-up lands its whole chain ({', '.join(result.chain)}): a person reads that"
     return None
 
 
@@ -57,6 +61,17 @@ def after_job(repo: str, result: RunAgentResult, config: Config | None, *, ledge
     policy = config.auto_land_for(Path(repo)) if result.job_id else None
     if policy is None:
         return None
+    try:
+        return _decide(repo, result, policy, ledger, race)
+    except Exception as exc:  # noqa: BLE001 - a landing that could not be decided leaves the job for a person
+        said = {"landed": False, "code": "AUTO_LAND_FAILED", "reason": f"{type(exc).__name__}: {exc}",
+                "policy": {"repo": repo, "basis": policy.basis, "into": policy.into}}
+        result.landed = said
+        return said
+
+
+def _decide(repo: str, result: RunAgentResult, policy: AutoLand, ledger: Ledger | None,
+            race: str | None) -> dict[str, Any]:
     own = ledger is None
     ledger = ledger or Ledger.default()
     try:

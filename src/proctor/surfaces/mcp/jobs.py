@@ -19,12 +19,11 @@ from proctor.contract import Code as JobCode
 from proctor.contract import Requester, RunAgentRequest, RunAgentResult, Status
 from proctor.mechanisms.config.load import load_config
 from proctor.mechanisms.config.model import Config
-from proctor.mechanisms.policy.governor import Booking
+from proctor.mechanisms.policy.governor import Prebooked
 from proctor.mechanisms.process.spawn import Watch
 from proctor.mechanisms.terminal import visible
 from proctor.services.job.record import new_job_id
 from proctor.services.job.run_agent import run_agent
-from proctor.services.review import auto
 from proctor.surfaces.mcp.results import SHUTTING_DOWN, TOO_MANY_JOBS, Refusal
 
 log = logging.getLogger("proctor.mcp")
@@ -152,7 +151,7 @@ class Jobs:
                           + "; wait for one with job_result")
 
     def start(self, request: RunAgentRequest, config: Config, admitted: Callable[[str], None],
-              requester: Requester | None = None, *, job_id: str | None = None, booked: Booking | None = None,
+              requester: Requester | None = None, *, job_id: str | None = None, booked: Prebooked | None = None,
               race: str | None = None) -> LiveJob:
         """Start a job unless the server is closing or full; `admitted(job_id)` runs first (the ledger row:
         when it raises, nothing starts). `job_id`, `booked`, `race`: a race's job, its id and booking made
@@ -167,12 +166,24 @@ class Jobs:
         job.thread.start()
         return job
 
-    def _run(self, job: LiveJob, config: Config, requester: Requester | None, booked: Booking | None) -> None:
+    def start_race(self, requests: list[RunAgentRequest], config: Config, requester: Requester | None,
+                   ids: tuple[str, ...], booked: tuple[Prebooked, ...], race: str) -> list[LiveJob]:
+        """A race's jobs, all started or none (room for every one, under one hold of the lock)."""
+        made = [LiveJob(job_id, request, race=race) for job_id, request in zip(ids, requests)]
+        with self._lock:
+            self._room(len(made))
+            for job in made:
+                self._jobs[job.job_id] = job
+        for job, pre in zip(made, booked):
+            job.thread = threading.Thread(target=self._run, args=(job, config, requester, pre),
+                                          name=f"job-{job.job_id}", daemon=True)
+            job.thread.start()
+        return made
+
+    def _run(self, job: LiveJob, config: Config, requester: Requester | None, booked: Prebooked | None) -> None:
         try:
             job.result = run_agent(job.request, config=config, progress=job.progress, cancel=job.cancel,
                                    job_id=job.job_id, requester=requester, booked=booked)
-            if not job.cancelled and job.race is None:
-                auto.after_job(job.request.repo, job.result, config)  # where the person's config says so
         except BaseException as exc:
             log.exception("job %s: the host raised", job.job_id)
             job.result = RunAgentResult(status=Status.failed, summary=f"the host failed: {exc}",

@@ -166,21 +166,29 @@ class Surface:
         if not isinstance(opened, race_mod.Opened):
             governed.__exit__(None, None, None)
             raise Refusal(opened.code.value, opened.summary, **({"budget": opened.budget} if opened.budget else {}))
-        started: list[LiveJob] = []
-        with _ledger() as ledger:
-            for request, job_id, booked in zip(opened.requests, opened.ids, opened.booked):
-                row = {"agent": request.agent, "ticket": request.ticket, "repo": request.repo, "client": self.client,
-                       "race": opened.race_id}
-                ledger.append("mcp.run_agent", {"ok": True, "jobId": job_id, **row}, job_id=job_id)
-                started.append(self.jobs.start(request, config, lambda _id: None, requester, job_id=job_id,
-                                               booked=booked, race=opened.race_id))
+        try:
+            with _ledger() as ledger:  # which surface asked, written ahead, as run_agent's own row is
+                for request, job_id in zip(opened.requests, opened.ids):
+                    ledger.append("mcp.run_agent", {"ok": True, "jobId": job_id, "agent": request.agent,
+                                                    "ticket": request.ticket, "repo": request.repo,
+                                                    "client": self.client, "race": opened.race_id}, job_id=job_id)
+            started = self.jobs.start_race(list(opened.requests), config, requester, opened.ids, opened.booked,
+                                           opened.race_id)
+        except BaseException:
+            race_mod.release_untaken(opened, gov)  # nothing started: every booking goes back
+            governed.__exit__(None, None, None)
+            raise
 
         def close() -> None:
             try:
                 for job in started:
                     job.finished.wait()
-                results = [j.result for j in started if j.result is not None]
-                race_mod.close_race(opened, results, gov)
+                results = [j.result for j in started]
+                if all(r is not None for r in results):  # every job's, in the order asked (_run always sets it)
+                    # Someone else's race: its winner waits for the person (never landed on its own).
+                    race_mod.close_race(opened, results, gov, land=False)  # type: ignore[arg-type]
+                else:
+                    race_mod.release_untaken(opened, gov)
             except Exception:  # noqa: BLE001 - the jobs stand on their own; the race's end row is what is lost
                 log.exception("race %s could not be ranked", opened.race_id)
             finally:

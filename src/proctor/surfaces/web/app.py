@@ -365,7 +365,8 @@ def routes(site: Site) -> APIRouter:
                 job = pick_mod.chosen(ledger, found, form.get("pick") or None)
                 if isinstance(job, Outcome):
                     return found.race_id, {"verb": "land", **job.to_dict()}
-                if form.get("shown") != views.landable_digest(job):  # what lands is what the page showed
+                now = views.landable_digest(job)  # "" when the page cut anything: no land from it then
+                if not now or form.get("shown") != now:  # what lands is what the page showed
                     why = "the diff is not the one this page showed (or the page cut it): reload and read it again"
                     jobs_mod.note(ledger, "review.land", {"ok": False, "code": "NOT_AS_SHOWN", "jobId": job.job_id,
                                                           "via": "web", "reason": why}, job.job_id)
