@@ -5,6 +5,7 @@ itself ran tests that passed, the agent changed files, and nothing at all is a r
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from proctor.contract import Code, RunAgentResult, Status
 from proctor.mechanisms.config.settings import RUNGS
@@ -47,14 +48,20 @@ def run(job: Job, run: vplan.Run, result: RunAgentResult, suffix: str) -> bool:
     return True
 
 
+def main_steps(validation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The validation records of the repo's own test steps: not setup, not the held-out step, not a re-run
+    on the base's tree (their labels say which)."""
+    return [v for v in validation if not str(v.get("label", "")).startswith(("setup", "held-out:"))
+            and not str(v.get("label", "")).endswith("(the base)")]
+
+
 def basis(job: Job, result: RunAgentResult) -> None:
     """What the verdict rests on: each validation step's rung (its tests held to the base's run by id, or
     its exit code alone), the held-out step's (sealed checks no cheat could guess, or held-out tests), and
     the verdict's: the held-out step's, else the weakest test step's. Where the repo's settings require a
     rung the verdict does not reach, that is a risk (a person reviews)."""
     steps = [{"label": v["label"], "basis": "base-tests" if v.get("compared") else "exit-code"}
-             for v in result.validation
-             if not v["label"].startswith(("setup", "held-out:")) and not v["label"].endswith("(the base)")]
+             for v in main_steps(result.validation)]
     if not steps:
         return
     held = heldout.basis(result)

@@ -24,7 +24,7 @@ from proctor.mechanisms.queue.results import SignedResult
 from proctor.mechanisms.queue.sent import SentStore
 from proctor.mechanisms.queue.signers import TrustStore
 from proctor.services.job.record import new_job_id
-from proctor.services.race.race import race_errors, ranked
+from proctor.services.race.race import race_errors, ranked, started
 from proctor.services.race.rank import rank
 
 
@@ -54,10 +54,7 @@ async def race_over_queue(backend: QueueBackend, trust: TrustStore, requests: Se
         return RaceResult(raceId=race_id, status=Status.failed, code=Code.INVALID_REQUEST, summary="; ".join(errors),
                           durationSeconds=round(time.monotonic() - start, 3))
     bodies = [json.loads(s.body) for s in sealed]
-    with Ledger.default() as ledger:
-        ledger.append("race.start", {"raceId": race_id, "jobs": [b["jobId"] for b in bodies],
-                                     "agents": [r.agent for r in requests], "repo": requests[0].repo,
-                                     "ticket": requests[0].ticket, "lane": lane, "targets": [b["target"] for b in bodies]})
+    started(race_id, requests, [b["jobId"] for b in bodies], lane=lane, targets=[b["target"] for b in bodies])
     queued = [await sender.publish(backend, s, sent=sent) for s in sealed]
     answers = await asyncio.gather(*(sender.wait(backend, trust, q, wait_s, sent=sent) for q in queued))
     results = [_result(q.job_id, q.target, r, requests[i].agent, wait_s) for i, (q, r) in enumerate(zip(queued, answers))]

@@ -23,12 +23,11 @@ def chosen(ledger: Ledger, race: races.Race, pick: str | None) -> jobs.Job | Out
         why = "it has not ended" if not race.ended else "no job's verdict was accepted"
         return refuse(Code.NOT_LANDABLE, f"race {race.race_id} has no winner ({why}): name one of its jobs "
                       f"with --pick JOB ({', '.join(race.jobs)})")
-    ids = [j for j in race.jobs if j == wanted] or [j for j in race.jobs if j.startswith(wanted)]
+    ids = jobs.matching(race.jobs, wanted)
     if len(ids) != 1:
         return refuse(Code.UNKNOWN_JOB, f"{wanted!r} is not one job of race {race.race_id} "
                       f"(its jobs: {', '.join(race.jobs)})")
-    found = jobs.find(ledger, ids[0])
-    return found
+    return jobs.find(ledger, ids[0])
 
 
 def land_race(ledger: Ledger, ident: str, pick: str | None = None, *, keep_rest: bool = False, via: str = "cli",

@@ -11,20 +11,17 @@ job's own git dir), as review reads them.
 
 from __future__ import annotations
 
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from proctor.contract import Code, RaceResult, Requester, RunAgentRequest, RunAgentResult, Status
 from proctor.mechanisms.config.load import ConfigError, load_config
 from proctor.mechanisms.config.model import Config
-from proctor.mechanisms.git.command import git
 from proctor.mechanisms.ledger.store import Ledger, LedgerError
 from proctor.mechanisms.policy.governor import Booking, Prebooked, UsageGovernor
 from proctor.mechanisms.policy.tally import SqliteTally
@@ -35,8 +32,7 @@ from proctor.services.job.record import new_job_id
 from proctor.services.job.run_agent import run_agent
 from proctor.services.race.rank import Standing, rank
 from proctor.services.review import auto, jobs
-from proctor.services.review.objects import open_objects
-from proctor.services.review.outcome import Outcome
+from proctor.services.review import diff as review_diff
 
 MAX_RUNS = 16  # jobs in one race: each is a worktree, a sandbox and an agent
 DEFAULT_PARALLEL = 4  # at once: an agent mostly waits on its model, so more than the cores; --parallel bounds it
@@ -127,21 +123,27 @@ def race(requests: Sequence[RunAgentRequest], *, parallel: int = DEFAULT_PARALLE
         return close_race(opened, results, gov, land=requester is None and not (cancel and cancel()))
 
 
+def own_governor() -> UsageGovernor | PolicyError:
+    """The trusted policy's budgets over this home's tally, as a job's own are (or why they cannot be
+    read); the caller closes it."""
+    try:
+        return UsageGovernor(Policy.load().budgets, SqliteTally.default)
+    except PolicyError as exc:
+        return exc
+
+
 @contextmanager
 def governed(governor: UsageGovernor | None) -> Iterator[UsageGovernor | PolicyError]:
-    """`governor`, or the trusted policy's over this home's tally, closed after (or why it cannot be read)."""
+    """`governor`, or `own_governor()` closed after."""
     if governor is not None:
         yield governor
         return
-    try:
-        own = UsageGovernor(Policy.load().budgets, SqliteTally.default)
-    except PolicyError as exc:
-        yield exc
-        return
+    own = own_governor()
     try:
         yield own
     finally:
-        own.close()
+        if not isinstance(own, PolicyError):
+            own.close()
 
 
 def open_race(requests: Sequence[RunAgentRequest], *, parallel: int = DEFAULT_PARALLEL,
@@ -170,16 +172,20 @@ def open_race(requests: Sequence[RunAgentRequest], *, parallel: int = DEFAULT_PA
         booked.race_id, booked.duration_seconds = race_id, round(time.monotonic() - start, 3)
         return booked
     try:
-        with Ledger.default() as ledger:
-            ledger.append("race.start", {"raceId": race_id, "jobs": ids, "agents": [r.agent for r in requests],
-                                         "repo": requests[0].repo, "ticket": requests[0].ticket,
-                                         "parallel": parallel})
+        started(race_id, requests, ids, parallel=parallel)
     except (LedgerError, OSError) as exc:
         for b in booked:
             governor.release(b)
         return _refused(race_id, Code.HOST_ERROR, f"the race's start could not be recorded ({exc}); "
                         "nothing was launched", start)
     return Opened(race_id, tuple(requests), tuple(ids), tuple(Prebooked(b) for b in booked), config, start)
+
+
+def started(race_id: str, requests: Sequence[RunAgentRequest], ids: Sequence[str], **more: Any) -> None:
+    """The race's `race.start` row (what `races.find` reads): its jobs in the order asked, and `more`."""
+    with Ledger.default() as ledger:
+        ledger.append("race.start", {"raceId": race_id, "jobs": list(ids), "agents": [r.agent for r in requests],
+                                     "repo": requests[0].repo, "ticket": requests[0].ticket, **more})
 
 
 def release_untaken(opened: Opened, governor: UsageGovernor) -> None:
@@ -247,27 +253,13 @@ def _book_all(governor: UsageGovernor, requests: Sequence[RunAgentRequest],
 
 
 def diff_lines(ledger: Ledger, result: RunAgentResult) -> int | None:
-    """Lines added and removed by the job's commit against its base, read through a git dir of the host's
-    over the job's objects; None when it has no commit or its objects cannot be read."""
+    """Lines added and removed by the job's commit against its base (review's `diff.lines`); None when it
+    has no commit or its objects cannot be read."""
     if not result.commit or not result.job_id:
         return None
     found = jobs.find(ledger, result.job_id)
-    if not isinstance(found, jobs.Job):
-        return None
-    with tempfile.TemporaryDirectory(prefix="proctor-race-") as scratch:
-        objects = open_objects(found, Path(scratch))
-        if isinstance(objects, Outcome):
-            return None
-        res = git(["diff", "--numstat", "--no-renames", "--no-ext-diff", "--no-textconv", objects.base,
-                   objects.commit], git_dir=objects.git_dir)
-    if not res.ok:
-        return None
-    total = 0
-    for line in res.text.splitlines():
-        added, _, rest = line.partition("\t")
-        removed = rest.partition("\t")[0]
-        total += (int(added) if added.isdigit() else 1) + (int(removed) if removed.isdigit() else 0)
-    return total
+    got = review_diff.lines(found) if isinstance(found, jobs.Job) else None
+    return got if isinstance(got, int) else None
 
 
 def _refused(race_id: str, code: Code, why: str, start: float) -> RaceResult:

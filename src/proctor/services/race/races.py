@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proctor.mechanisms.ledger.store import Ledger
+from proctor.services.review import jobs
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class Race:
 def find(ledger: Ledger, ident: str) -> Race | str:
     """The race `ident` names (its id or a prefix of exactly one), or why there is none."""
     starts = {str(r.payload.get("raceId")): r for r in ledger.rows(kind="race.start")}
-    matches = [i for i in starts if i == ident] or [i for i in starts if ident and i.startswith(ident)]
+    matches = jobs.matching(starts, ident)
     if not matches:
         return f"no race {ident!r} in the ledger"
     if len(matches) > 1:
@@ -40,8 +41,7 @@ def find(ledger: Ledger, ident: str) -> Race | str:
     start = starts[race_id]
     end = next((r for r in ledger.rows(kind="race.end") if r.payload.get("raceId") == race_id), None)
     p = start.payload
-    jobs = tuple(str(j) for j in p.get("jobs") or [])
-    return Race(race_id, jobs, tuple(str(a) for a in p.get("agents") or []), p.get("repo"), start.ts,
+    return Race(race_id, tuple(str(j) for j in p.get("jobs") or []), tuple(str(a) for a in p.get("agents") or []), p.get("repo"), start.ts,
                 tuple(end.payload.get("ranking") or []) if end else (),
                 end.payload.get("winner") if end else None, end is not None)
 

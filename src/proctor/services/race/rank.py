@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proctor.contract import Code, RunAgentResult, Status
+from proctor.services.job.judge import main_steps
 
 TIERS = ("accepted", "completed, needs review", "failed its tests", "did not finish",
          "failed the checks it never saw")
@@ -36,14 +37,9 @@ class Standing:
                 "reasons": list(self.reasons)}
 
 
-def _main_steps(result: RunAgentResult) -> list[dict[str, Any]]:
-    return [v for v in result.validation if not str(v.get("label", "")).startswith(("setup", "held-out:"))
-            and not str(v.get("label", "")).endswith("(the base)")]
-
-
 def _counts(result: RunAgentResult) -> dict[str, int]:
     out = {"broken": 0, "fixed": 0, "must_pass_failing": 0}
-    for step in _main_steps(result):
+    for step in main_steps(result.validation):
         counts = ((step.get("compared") or {}).get("counts")) or {}
         for k in out:
             out[k] += int(counts.get(k) or 0)
@@ -68,8 +64,8 @@ def standing(result: RunAgentResult, diff_lines: int | None) -> Standing:
     counts = _counts(result)
     # Passed outright: a step whose failures the base shared ("explained") passed the verdict, but it made
     # none of the tests it saw pass, so it did not fit them.
-    visible_passed = bool(_main_steps(result)) and all(s.get("passed") and s.get("exit_code") == 0
-                                                       for s in _main_steps(result))
+    visible_passed = bool(main_steps(result.validation)) and all(s.get("passed") and s.get("exit_code") == 0
+                                                       for s in main_steps(result.validation))
     unseen = _unseen_failed(result)
     reasons: list[str] = []
     if result.status is Status.completed and not result.needs_human_review:

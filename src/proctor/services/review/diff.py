@@ -42,6 +42,29 @@ def diff(job: Job, *, binary: bool = False) -> Diff | Outcome:
         shutil.rmtree(where, ignore_errors=True)
 
 
+def lines(job: Job) -> int | Outcome:
+    """Lines the job's commit adds and removes against its base (a binary file counts one), from objects
+    alone as `diff` reads them: a race weighs its jobs' diffs by it."""
+    where = Path(tempfile.mkdtemp(prefix=f"proctor-diff-{job.job_id}-"))
+    try:
+        objs = open_objects(job, where)
+        if isinstance(objs, Outcome):
+            return objs
+        # Renames counted whole (--no-renames after DIFF_FLAGS' -M): what a reviewer reads, line by line.
+        res = git(["diff-tree", "--numstat", "-r", *DIFF_FLAGS, "--no-renames", objs.base, objs.commit],
+                  git_dir=objs.git_dir)
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+    if not res.ok:
+        return refuse(Code.GIT_FAILED, f"git diff-tree failed: {res.err}")
+    total = 0
+    for line in res.text.splitlines():
+        added, _, rest = line.partition("\t")
+        removed = rest.partition("\t")[0]
+        total += (int(added) if added.isdigit() else 1) + (int(removed) if removed.isdigit() else 0)
+    return total
+
+
 def _diff(objs: JobObjects, binary: bool) -> Diff | Outcome:
     files = changed_paths(objs.git_dir, objs.base, objs.commit)
     if isinstance(files, Failure):

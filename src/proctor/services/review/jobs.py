@@ -12,6 +12,7 @@ It never writes anything but a verb's own ledger row, and never runs git in a jo
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -183,10 +184,16 @@ def select(jobs: list[Job], *, repo: str | None = None, statuses: tuple[str, ...
     return out
 
 
+def matching(ids: Iterable[str], ident: str) -> list[str]:
+    """The ids `ident` names: itself when it is one, else every id it begins (one: a unique prefix)."""
+    ids = list(ids)
+    return [i for i in ids if i == ident] or [i for i in ids if ident and i.startswith(ident)]
+
+
 def find(ledger: Ledger, ident: str) -> Job | Outcome:
     """The job named by `ident`: its id, or a prefix of exactly one id."""
-    ids = list(dict.fromkeys(_job_id(r) for kind in ("job.start", "job.end") for r in ledger.rows(kind=kind)))
-    matches = [i for i in ids if i == ident] or [i for i in ids if ident and i.startswith(ident)]
+    ids = dict.fromkeys(_job_id(r) for kind in ("job.start", "job.end") for r in ledger.rows(kind=kind))
+    matches = matching(ids, ident)
     if len(matches) == 1 and not record.safe_job_id(matches[0]):
         # Ids become paths and ref patterns: one the host would never have made is not acted on.
         return refuse(Code.UNKNOWN_JOB, f"the ledger's job id {matches[0]!r} is not [A-Za-z0-9._-]+")

@@ -8,19 +8,19 @@ the next command. The JSON on stdout stays the record; these lines only point in
 from __future__ import annotations
 
 from proctor.contract import RunAgentResult, Status
+from proctor.services.job.judge import main_steps
 
 RISK_CHARS = 160
 COUNTS = ("passed", "failed", "errors", "skipped")
 
 
 def tests_line(result: RunAgentResult) -> str | None:
+    if not result.validation:
+        return None
     totals: dict[str, int] = {}
     fixed = broken = 0
     runners: list[str] = []
-    for step in result.validation:
-        label = str(step.get("label", ""))
-        if label.startswith("setup") or label.endswith("(the base)"):
-            continue
+    for step in main_steps(result.validation):
         tests = step.get("tests") if isinstance(step.get("tests"), dict) else {}
         for key in COUNTS:
             if isinstance(tests.get(key), int):
@@ -30,8 +30,6 @@ def tests_line(result: RunAgentResult) -> str | None:
         counts = ((step.get("compared") or {}).get("counts")) or {}
         fixed += int(counts.get("fixed") or 0)
         broken += int(counts.get("broken") or 0)
-    if not result.validation:
-        return None
     shown = ", ".join(f"{n} {k}" for k, n in totals.items() if n or k in ("passed", "failed")) or "no per-test report"
     against = f"; against the base: {fixed} fixed, {broken} broken" if fixed or broken else ""
     return f"tests: {shown}{against}" + (f" ({', '.join(runners)})" if runners else "")

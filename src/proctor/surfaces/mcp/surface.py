@@ -160,12 +160,13 @@ class Surface:
             self._capped(request, config)
         self.jobs.room(len(requests))
         requester = Requester(f"mcp:{self.client}", self.grants.may_set_validate_command)
-        governed = race_mod.governed(None)
-        gov = governed.__enter__()
+        gov = race_mod.own_governor()  # closed by the race's closer: it outlives this call
         opened = race_mod.open_race(requests, parallel=len(requests), config=config, governor=gov)
         if not isinstance(opened, race_mod.Opened):
-            governed.__exit__(None, None, None)
+            if not isinstance(gov, PolicyError):
+                gov.close()
             raise Refusal(opened.code.value, opened.summary, **({"budget": opened.budget} if opened.budget else {}))
+        assert not isinstance(gov, PolicyError)  # open_race refused the race over it
         try:
             with _ledger() as ledger:  # which surface asked, written ahead, as run_agent's own row is
                 for request, job_id in zip(opened.requests, opened.ids):
@@ -176,7 +177,7 @@ class Surface:
                                            opened.race_id)
         except BaseException:
             race_mod.release_untaken(opened, gov)  # nothing started: every booking goes back
-            governed.__exit__(None, None, None)
+            gov.close()
             raise
 
         def close() -> None:
@@ -192,7 +193,7 @@ class Surface:
             except Exception:  # noqa: BLE001 - the jobs stand on their own; the race's end row is what is lost
                 log.exception("race %s could not be ranked", opened.race_id)
             finally:
-                governed.__exit__(None, None, None)
+                gov.close()
 
         closer = threading.Thread(target=close, name=f"close-{opened.race_id}", daemon=True)
         self.closers.append(closer)
