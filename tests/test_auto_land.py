@@ -103,3 +103,16 @@ def test_run_agent_on_the_cli_lands_where_the_policy_says(tmp_path):
     out = json.loads(got.stdout)
     assert got.exit_code == 0 and out["landed"]["landed"] is True, got.stdout
     assert master(repo) != before
+
+
+def test_a_follow_up_never_lands_on_its_own_though_its_own_verdict_would():
+    """Landing a follow-up lands its whole chain, whose earlier jobs its verdict did not judge one by one."""
+    from proctor.contract import RunAgentResult, Status
+    from proctor.mechanisms.config.model import AutoLand
+
+    clean = dict(status=Status.completed, needs_human_review=False, basis={"verdict": "base-tests"}, commit="c" * 40,
+                 jobId="20261207T000000-aaaaaa")
+    policy = AutoLand(basis="base-tests")
+    assert auto.why_not(RunAgentResult(**clean), policy) is None  # the control: the same evidence, alone
+    why = auto.why_not(RunAgentResult(**clean, chain=["20261206T000000-bbbbbb"]), policy)
+    assert why is not None and "whole chain" in why, why

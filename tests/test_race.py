@@ -267,3 +267,27 @@ def test_the_review_page_shows_a_race_side_by_side_and_lands_the_pick(tmp_path):
     assert "return a + b" in sh("git", "show", "master:calc.py", cwd=repo)
     with Ledger.default() as ledger:
         assert jobs.find(ledger, cheat).state == "discarded"
+
+
+def test_a_booking_a_job_took_is_never_given_back_by_the_race_too(tmp_path, clear_of_the_hour):
+    """A race's bookings are handed to its jobs: one a job took (admission settles or releases it as its own)
+    is left alone by the race; one never taken (its job refused before admission) the race releases, once."""
+    from proctor.mechanisms.policy.governor import UsageGovernor
+    from proctor.mechanisms.policy.tally import SqliteTally
+    from proctor.mechanisms.policy.trusted import Policy
+
+    (tmp_path / "policy.toml").write_text('[budgets.right]\nagent = "right"\nruns_per_hour = 5\n')
+    gov = UsageGovernor(Policy.load(tmp_path).budgets, lambda: SqliteTally(tmp_path / "usage.sqlite3"))
+
+    def runs() -> int:
+        return gov.spend()[0].windows["hour"].spent.runs
+
+    repo, cfg = setup(tmp_path / "r")
+    opened = race_mod.open_race(requests(repo, ["right", "right"]), config=load_config(cfg), governor=gov)
+    assert isinstance(opened, race_mod.Opened) and runs() == 2
+    opened.booked[0].take()  # the first job's admission took its booking (and will settle it itself)
+    race_mod.release_untaken(opened, gov)
+    assert runs() == 1  # only the untaken one came back
+    race_mod.release_untaken(opened, gov)
+    assert runs() == 1  # and only once
+    gov.close()
