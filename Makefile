@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q --progress-bar off -e '.[test]'
+	$(PY) scripts/warm-pytest-cache.py
 	touch $(STAMP)
 	@echo "make: installed into $(VENV)"
 
