@@ -298,6 +298,9 @@ def test_review_keeps_what_validation_left_alone_and_rewrites_the_rest(tmp_path)
     work = _work(wt)
     known = built.known
     kept_before = {p: os.lstat(work / p).st_ino for p in known.modes}
+    # Each file held open by a path fd: a file the pass removes cannot hand its inode number to the one it
+    # writes in its place (ext4 reuses a freed number at once), which would read here as kept.
+    held = [os.open(work / p, os.O_PATH | os.O_NOFOLLOW) for p in known.modes]
     # What validation (agent code) does meanwhile:
     f1 = work / "d1" / "f1.txt"
     st = os.lstat(f1)
@@ -319,6 +322,8 @@ def test_review_keeps_what_validation_left_alone_and_rewrites_the_rest(tmp_path)
     sh("git", "--git-dir", str(built.git_dir), "--work-tree", str(fresh), "read-tree", "--reset", "-u", built.commit)
     assert _dir_state(work) == _dir_state(fresh)
     rewritten = {p for p in known.modes if os.lstat(work / p).st_ino != kept_before[p]}
+    for fd in held:
+        os.close(fd)
     assert rewritten == {"d1/f1.txt", "d2/f2.txt", "x.sh", "d0/f5.txt", "d0/f10.txt"}
     # and the record is current: a second pass with nothing changed keeps everything
     again = {p: os.lstat(work / p).st_ino for p in known.modes}
