@@ -5,7 +5,8 @@ pytest validation (autodetected), as a separate `proctor run-agent` process (as 
 a listener's N children run them). The floor of one job: `git worktree add`, the same patch applied with
 `git apply`, `python -m pytest` in it, `git status`. Both sides run N at once (a process each) after one
 warm-up job (the base's run cached, as on a repo one works on). Prints the wall times and their ratio, one
-job alone against one floor, every verdict checked, and the host processes' peak memory (max RSS each).
+job alone against one floor, every verdict checked, the CPU each side spent (the whole process trees), and
+each proctor process's own peak memory (RSS and PSS, read from /proc while it runs).
 
 Run: .venv/bin/python bench/many.py [--files 2000] [--n 1,20] [--runs 1]
 """
@@ -20,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -62,22 +64,45 @@ def floor(repo: Path, patch: Path, env: dict[str, str], i: int) -> float:
     return time.perf_counter() - t0
 
 
-def job(repo: Path, patch: Path, env: dict[str, str], i: int) -> tuple[float, bool]:
+def _kb(text: str, field: str) -> int:
+    return int(text.split(field, 1)[1].split()[0])
+
+
+def job(repo: Path, patch: Path, env: dict[str, str], i: int) -> tuple[float, bool, int, int]:
+    """(seconds, verdict right, the proctor process's own peak RSS and peak PSS in KiB). The memory is the
+    host process's alone, read from /proc while it runs (VmHWM is its high-water mark; PSS, its share of
+    pages it shares with the other jobs' processes, is sampled every 50 ms): the rusage of children would
+    count the largest descendant, which is the validation's pytest, not proctor."""
     proctor = str(Path(sys.executable).with_name("proctor"))
     t0 = time.perf_counter()
     p = subprocess.Popen([proctor, "run-agent", "--agent", "patch", "--task-file", str(patch), "--repo", str(repo),
                           "--ticket", f"M{i}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-    out, _ = p.communicate()
+    hwm = pss = 0
+    box: list[bytes] = []
+    reader = threading.Thread(target=lambda: box.append(p.stdout.read()))
+    reader.start()
+    while p.poll() is None:
+        try:
+            hwm = max(hwm, _kb(Path(f"/proc/{p.pid}/status").read_text(), "VmHWM:"))
+            pss = max(pss, _kb(Path(f"/proc/{p.pid}/smaps_rollup").read_text(), "\nPss:"))
+        except (OSError, IndexError):
+            pass  # not started or already gone
+        time.sleep(0.05)
+    reader.join()
     took = time.perf_counter() - t0
-    res = json.loads(out)
-    return took, res["status"] == "completed" and res["needs_human_review"] is False
+    res = json.loads(box[0])
+    return took, res["status"] == "completed" and res["needs_human_review"] is False, hwm, pss
 
 
-def at_once(n: int, fn, *args) -> tuple[float, list]:
+def at_once(n: int, fn, *args) -> tuple[float, float, list]:
+    """(wall seconds, CPU seconds of every process it ran and waited for, each one's return)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(n) as pool:
         got = list(pool.map(lambda i: fn(*args, i), range(n)))
-    return time.perf_counter() - t0, got
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return time.perf_counter() - t0, cpu, got
 
 
 def main() -> int:
@@ -94,18 +119,26 @@ def main() -> int:
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     job(repo, patch, env, -1)  # warm: the base's run cached
     for n in [int(x) for x in args.n.split(",")]:
-        floors, jobs, oks = [], [], []
+        floors, jobs, oks, fcpu, jcpu, hwms, psss = [], [], [], [], [], [], []
         for _ in range(args.runs):
-            took, _ = at_once(n, floor, repo, patch, env)
+            took, cpu, _ = at_once(n, floor, repo, patch, env)
             floors.append(took)
-            took, got = at_once(n, job, repo, patch, env)
+            fcpu.append(cpu)
+            took, cpu, got = at_once(n, job, repo, patch, env)
             jobs.append(took)
-            oks.append(sum(1 for _, ok in got if ok))
-        rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+            jcpu.append(cpu)
+            oks.append(sum(1 for _, ok, _, _ in got if ok))
+            hwms += [h for _, _, h, _ in got]
+            psss += [p for _, _, _, p in got]
         f, j = statistics.median(floors), statistics.median(jobs)
+        fc, jc = statistics.median(fcpu) / n, statistics.median(jcpu) / n
+        # On C cores, N at once cannot end sooner than N jobs' CPU over C: the CPU ratio is what bounds the wall
+        # ratio once N outnumbers the cores.
         print(f"{n} at once: jobs {j:.2f} s, floors {f:.2f} s: {j / f:.2f}x (goal <= 1.0x at 20 and 50; one: "
-              f"<= 1.3x + 0.3 s); verdicts right {min(oks)}/{n}; largest child max RSS {rss:.0f} MB; "
-              f"load {os.getloadavg()[0]:.2f}", flush=True)
+              f"<= 1.3x + 0.3 s); verdicts right {min(oks)}/{n}; CPU a job {jc:.2f} s against a floor's "
+              f"{fc:.2f} s ({jc / fc:.2f}x); the proctor process's own peak RSS median "
+              f"{statistics.median(hwms) / 1024:.1f} MB (max {max(hwms) / 1024:.1f}), peak PSS median "
+              f"{statistics.median(psss) / 1024:.1f} MB (goal 40); load {os.getloadavg()[0]:.2f}", flush=True)
     return 0
 
 

@@ -160,6 +160,16 @@ def lean_python_bin(tmp_path_factory) -> str:
     return str(venv / "bin")
 
 
+@pytest.fixture(autouse=True)
+def lean_python_first(monkeypatch, lean_python_bin):
+    """Every test's `python` is the lean venv's: validation that autodetects `python -m pytest` runs what a
+    small project's venv holds. Otherwise PATH's `python` is whatever the machine has (here pyenv's, whose
+    hypothesis and pytest-benchmark plugins cost 0.7 s a start, rewritten afresh each time as validation
+    writes no bytecode) and the suite's time went to plugins no test is about. A test that needs another
+    interpreter names it or puts its own bin before this one, as fake_bin does."""
+    monkeypatch.setenv("PATH", f"{lean_python_bin}{os.pathsep}{os.environ['PATH']}")
+
+
 @pytest.fixture
 def repo(tmp_path) -> Path:
     return make_repo(tmp_path)

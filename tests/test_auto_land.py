@@ -6,7 +6,6 @@ Off by default: the same clean job with no policy lands nothing."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -30,10 +29,6 @@ SCRIPTS = {
     "risky": FIX + "; printf 'def test_more():\\n    assert True\\n' >> tests/test_calc.py",
 }
 
-
-@pytest.fixture(autouse=True)
-def venv_python_first(monkeypatch, lean_python_bin):
-    monkeypatch.setenv("PATH", f"{lean_python_bin}{os.pathsep}{os.environ['PATH']}")
 
 
 def setup(tmp_path: Path, policy: str | None) -> tuple[Path, Path]:

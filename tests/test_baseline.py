@@ -37,10 +37,6 @@ needs_confinement = pytest.mark.skipif(not CONFINED, reason="this kernel gives n
 PROCTOR = str(Path(sys.executable).with_name("proctor"))
 
 
-@pytest.fixture(autouse=True)
-def venv_python_first(monkeypatch, lean_python_bin):
-    monkeypatch.setenv("PATH", f"{lean_python_bin}{os.pathsep}{os.environ['PATH']}")
-
 
 def config(tmp_path: Path, script: str, extra: str = "", confine: str = "required"):
     tmp_path.mkdir(parents=True, exist_ok=True)

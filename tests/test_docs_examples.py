@@ -25,10 +25,6 @@ if not CONFINED and os.environ.get("CI") == "true":
     pytest.fail("CI must have bubblewrap for the docs examples", pytrace=False)
 
 
-@pytest.fixture(autouse=True)
-def venv_python_first(monkeypatch, lean_python_bin):
-    monkeypatch.setenv("PATH", f"{lean_python_bin}{os.pathsep}{os.environ['PATH']}")
-
 
 def project(name: str, tmp_path: Path, monkeypatch) -> Path:
     if name == "rust":  # rustup's proxy finds its toolchain under the real home, which the suite moves

@@ -6,10 +6,8 @@ still fails); the follow-up fixes the other, passes, and landing it lands both."
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
 
 from proctor import RunAgentRequest, run_agent
@@ -26,10 +24,6 @@ TESTS = ("from calc import add, mul\n\n\ndef test_add():\n    assert add(2, 3) =
 MUST = ["tests/test_calc.py::test_add", "tests/test_calc.py::test_mul"]
 FILES = {"pyproject.toml": '[project]\nname = "calc"\nversion = "0"\n', "calc.py": CALC, "tests/test_calc.py": TESTS}
 
-
-@pytest.fixture(autouse=True)
-def venv_python_first(monkeypatch, lean_python_bin):
-    monkeypatch.setenv("PATH", f"{lean_python_bin}{os.pathsep}{os.environ['PATH']}")
 
 
 def config(where: Path) -> Path:

@@ -34,11 +34,6 @@ needs_confinement = pytest.mark.skipif(not CONFINED, reason="this kernel gives n
 GIT_ID = "git -c user.email=a@b -c user.name=a"
 
 
-@pytest.fixture(autouse=True)
-def venv_python_first(monkeypatch, lean_python_bin):
-    # Autodetected validation runs `python -m pytest`: a venv's python that has pytest and nothing more.
-    monkeypatch.setenv("PATH", f"{lean_python_bin}{os.pathsep}{os.environ['PATH']}")
-
 
 def agent(tmp_path: Path, script: str, confine: str = "required") -> object:
     p = tmp_path / f"agent-{confine}.toml"

@@ -11,7 +11,6 @@ import json
 import os
 from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
 
 from proctor import RunAgentRequest
@@ -35,10 +34,6 @@ AGENTS = {
     "wrong": "def add(a, b):\\n    return a - b\\n",
 }
 
-
-@pytest.fixture(autouse=True)
-def venv_python_first(monkeypatch, lean_python_bin):
-    monkeypatch.setenv("PATH", f"{lean_python_bin}{os.pathsep}{os.environ['PATH']}")
 
 
 def setup(tmp_path: Path, budget: str = "") -> tuple[Path, Path]:

@@ -35,10 +35,6 @@ if not CONFINED and os.environ.get("CI") == "true":
 needs_confinement = pytest.mark.skipif(not CONFINED, reason="this kernel gives neither bubblewrap nor Landlock")
 
 
-@pytest.fixture(autouse=True)
-def venv_python_first(monkeypatch, lean_python_bin):
-    monkeypatch.setenv("PATH", f"{lean_python_bin}{os.pathsep}{os.environ['PATH']}")
-
 
 SPEC = {
     "pyproject.toml": '[project]\nname = "calc"\nversion = "0"\n',

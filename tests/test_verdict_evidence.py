@@ -66,11 +66,6 @@ CHEATS = {
 CAUGHT_BY_HOLDOUT = ("call_count_toggle", "hard_code", "lookup_table")
 
 
-@pytest.fixture(autouse=True)
-def venv_python_first(monkeypatch, lean_python_bin):
-    # Autodetected validation runs `python -m pytest`: a venv's python that has pytest and nothing more.
-    monkeypatch.setenv("PATH", f"{lean_python_bin}{os.pathsep}{os.environ['PATH']}")
-
 
 def config(tmp_path: Path, script: str, extra: str = "") -> object:
     tmp_path.mkdir(parents=True, exist_ok=True)
