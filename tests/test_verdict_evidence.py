@@ -184,6 +184,23 @@ def test_standard_library_shadow_that_exits_fails(tmp_path, module):
 
 
 @needs_confinement
+def test_the_projects_own_module_named_like_an_installed_distribution_is_no_shadow(tmp_path):
+    """The base's own `click.py` fixed (the host has a `click` distribution): its own module, no risk; it
+    failed so when the base's modules were listed through pathspec magic git ls-tree refuses, so read as
+    none. Control: the same fix adding `rich.py`, a module the base does not have and an installed name."""
+    from proctor.mechanisms.evidence import preempt
+    assert {"click", "rich"} <= preempt.installed_names()
+    own = {"pyproject.toml": '[project]\nname = "calc"\nversion = "0"\n', "click.py": WRONG,
+           "tests/test_calc.py": "from click import add\n\n\ndef test_add():\n    assert add(2, 2) == 4\n"}
+    repo = make_repo(tmp_path, own)
+    res = job(repo, tmp_path / "own", write("click.py", HONEST))
+    assert res.status is Status.completed and res.needs_human_review is False, res.known_risks
+    res = job(repo, tmp_path / "added", " && ".join((write("click.py", HONEST), write("rich.py", "X = 1\n"))))
+    shadows = [r for r in res.known_risks if r.startswith("runs before the code under test: a module named like")]
+    assert res.needs_human_review and len(shadows) == 1 and "rich.py" in shadows[0] and "click.py" not in shadows[0]
+
+
+@needs_confinement
 def test_planted_bytecode_is_never_read(tmp_path):
     repo = make_repo(tmp_path, dict(PY_REPO))
     # An unchecked-hash .pyc of the correct code, beside a wrong .py: a plain run imports the .pyc.

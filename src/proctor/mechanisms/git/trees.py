@@ -47,3 +47,36 @@ def tree_entries(git_dir: Path, tree: str) -> dict[str, str] | Failure:
             meta, name = entry.split(b"\t", 1)
             out[name.decode("utf-8", "surrogateescape")] = meta.split(b" ", 1)[0].decode()
     return out
+
+
+
+def top_levels(git_dir: Path, tree: str) -> list[str] | Failure:
+    """The paths an import finds at the top of a project: the root's entries, each top directory's and each
+    directory's of `src/` (`calc.py`, `pkg/__init__.py`, `src/pkg/__init__.py`), without listing the whole
+    tree. `git ls-tree` takes literal paths only (it refuses pathspec magic such as `:(glob)` outright), so
+    this is one call a level, over the directories of the level above."""
+    root = _children(git_dir, tree, [""])
+    if isinstance(root, Failure):
+        return root
+    tops = _children(git_dir, tree, [p for p, is_dir in root if is_dir])
+    if isinstance(tops, Failure):
+        return tops
+    srcs = _children(git_dir, tree, [p for p, is_dir in tops if is_dir and p.startswith("src/")])
+    if isinstance(srcs, Failure):
+        return srcs
+    return [p for p, _ in root + tops + srcs]
+
+
+def _children(git_dir: Path, tree: str, dirs: list[str]) -> list[tuple[str, bool]] | Failure:
+    """(path, is a directory) of each entry directly in `dirs` ("" is the root)."""
+    out: list[tuple[str, bool]] = []
+    for i in range(0, len(dirs), 512):  # within any argv limit, however many directories a level has
+        paths = [f"{d}/" for d in dirs[i:i + 512] if d]
+        res = git(["ls-tree", "-z", tree, "--", *paths], git_dir=git_dir)
+        if not res.ok:
+            return Failure(f"git ls-tree failed: {res.err}")
+        for entry in res.out.split(b"\0"):
+            if entry:
+                meta, name = entry.split(b"\t", 1)
+                out.append((name.decode("utf-8", "surrogateescape"), meta.split(b" ", 2)[1] == b"tree"))
+    return out

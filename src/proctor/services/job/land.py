@@ -9,9 +9,8 @@ from pathlib import Path
 
 from proctor.contract import Code, RunAgentResult, Status
 from proctor.mechanisms.evidence import preempt, recipe, signals
-from proctor.mechanisms.git import frozen, landing, scan, trustline, worktree
+from proctor.mechanisms.git import frozen, landing, scan, trees, trustline, worktree
 from proctor.mechanisms.git.materialise import materialise
-from proctor.mechanisms.git.command import git
 from proctor.mechanisms.policy import diffcheck
 from proctor.mechanisms.policy.trusted import Policy, PolicyError
 from proctor.services.job.context import Job, names
@@ -82,9 +81,10 @@ def diff_risks(job: Job, landed: landing.Landing) -> list[str]:
         job.risks.append(f"the agent changed what runs or is obeyed outside the tests (the trust line): "
                          f"{trustline.say(crossed)}; `proctor land` asks for --allow-trust-line")
     if landed.changed:  # the base's own modules matter only to a changed path that could shadow one
-        listing = git(["ls-tree", "-r", "--name-only", "-z", landed.base_sha, "--", ":(glob)*",
-                       ":(glob)*/__init__.*", ":(glob)src/*", ":(glob)src/*/__init__.*"], git_dir=landed.git_dir)
-        ours = preempt.top_level_modules(p.decode("utf-8", "surrogateescape") for p in listing.out.split(b"\0") if p)
+        listed = trees.top_levels(landed.git_dir, landed.base_sha)
+        # Unread, the base has no modules of its own here: its every module a changed path could shadow is
+        # named, more risks and never fewer.
+        ours = preempt.top_level_modules([] if isinstance(listed, worktree.Failure) else listed)
         job.risks.extend(preempt.preempting(landed.changed, base_modules=ours))
     job.risks.extend(signals.diff_signals(landed.git_dir, landed.base_sha, landed.commit, landed.changed,
                                           frozen.is_test_defining))
