@@ -8,7 +8,6 @@ It never opens a connection: proctor.mechanisms.confine.egress does, to the addr
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -108,7 +107,7 @@ async def decide(allowed: Sequence[Endpoint], host: str, port: int,
         return [ep.host], "declared IP literal (the operator's explicit choice)"
     try:
         addrs = await resolve(ep.host, port)
-    except (OSError, asyncio.TimeoutError, UnicodeError) as exc:
+    except (OSError, TimeoutError, UnicodeError) as exc:  # asyncio's timeout is TimeoutError (3.11)
         return [], f"cannot resolve {ep.host}: {exc or type(exc).__name__}"
     if not addrs:
         return [], f"{ep.host} resolves to no address"

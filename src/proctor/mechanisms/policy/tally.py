@@ -19,7 +19,6 @@ counted is not spent. nats is imported where the KV tally uses it: a local job n
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 import threading
 from collections.abc import Awaitable, Callable
@@ -156,7 +155,7 @@ class KvTally:
         # The server's "permissions violation" for one of the tally's subjects: a request it refuses is never
         # answered, which looks like a failover's timeout; this tells the two apart, so it is not retried.
         self._violation: str | None = None
-        self._loop = asyncio.new_event_loop()
+        self._loop = _asyncio().new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="proctor-tally", daemon=True)
         self._thread.start()
         self._nc: Any = None
@@ -171,7 +170,7 @@ class KvTally:
             await self._open()
             return await make()
 
-        future = asyncio.run_coroutine_threadsafe(run(), self._loop)
+        future = _asyncio().run_coroutine_threadsafe(run(), self._loop)
         try:
             return future.result(self._connect_timeout_s + KV_TIMEOUT_S + 2 * self._request_timeout_s)
         except TallyError:
@@ -274,11 +273,18 @@ class KvTally:
                     pass
 
         try:
-            asyncio.run_coroutine_threadsafe(shut(), self._loop).result(10)
+            _asyncio().run_coroutine_threadsafe(shut(), self._loop).result(10)
         except Exception:  # noqa: BLE001 - the thread dies with the process anyway
             pass
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+
+
+def _asyncio() -> Any:
+    # Imported where the KV tally uses it, as nats is: a local job's host never loads it (8 MB a process).
+    import asyncio
+
+    return asyncio
 
 
 async def _connect(url: str, options: dict[str, Any], timeout_s: float) -> Any:

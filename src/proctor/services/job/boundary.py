@@ -12,7 +12,6 @@ from pathlib import Path
 
 from proctor.mechanisms import confine
 from proctor.mechanisms.config.load import builtin_agents
-from proctor.mechanisms.confine.egress import EgressProxy
 from proctor.mechanisms.confine.plan import programs_of
 from proctor.mechanisms.git import worktree
 from proctor.mechanisms.git.command import unredirected_env
@@ -21,7 +20,7 @@ from proctor.mechanisms.validation import plan as vplan
 from proctor.contract import RunAgentResult
 from proctor.services.job import sandbox_home
 from proctor.services.job.context import Job, names
-from proctor.services.job.network import egress_row
+from proctor.services.job.network import start_proxy
 
 
 def agent_env(job: Job, wt_path: Path) -> dict[str, str]:
@@ -123,12 +122,11 @@ def confine_agent(job: Job, confiner: confine.Confiner, wt: worktree.Worktree, a
     if spec.network and confiner.name != "none":
         # The network is the adapter's declared hosts only, through a proxy the host runs: an agent with
         # the whole network reached the loopback NATS server and deleted the job stream (found in review).
-        proxy = EgressProxy(spec.egress, job.host_tmp / "egress.sock", on_decision=egress_row(job, agent=True))
         try:
-            job.egress = proxy.start()
+            job.egress = start_proxy(job, spec.egress, "egress.sock", agent=True)
         except (OSError, RuntimeError, ValueError) as exc:
             return confine.Unavailable(f"the egress proxy did not start: {exc}")
-        roots = dataclasses.replace(roots, egress_socket=proxy.socket_path, egress=spec.egress)
+        roots = dataclasses.replace(roots, egress_socket=job.egress.socket_path, egress=spec.egress)
     job.confiner = confiner
     programs = programs_of(argv, env.get("PATH"))
     if confiner.name != "none" and programs and spec.name not in builtin_agents():

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from proctor.contract import Requester, RunAgentRequest
 from proctor.mechanisms import confine, gatekeeper
@@ -14,13 +15,15 @@ from proctor.mechanisms.adapters.spec import AdapterSpec
 from proctor.mechanisms.config.model import Config
 from proctor.mechanisms.config.settings import RepoSettings
 from proctor.mechanisms.confine.limits import Limits
-from proctor.mechanisms.confine.egress import EgressProxy
 from proctor.mechanisms.ledger.store import Ledger
 from proctor.mechanisms.policy.governor import Prebooked, UsageGovernor
 from proctor.mechanisms.policy.stop import StopSwitch
 from proctor.mechanisms.process.local import ProcessRunner
 from proctor.services.job import sandbox_home
 from proctor.services.job.progress import Progress
+
+if TYPE_CHECKING:  # the proxy (and asyncio, 8 MB a process) loads only for a job that has one
+    from proctor.mechanisms.confine.egress import EgressProxy
 
 
 @dataclass

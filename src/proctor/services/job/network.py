@@ -4,11 +4,14 @@ network to code the agent wrote: validation has none."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from proctor.mechanisms.config.settings import RepoSettings
-from proctor.mechanisms.confine.egress import EgressProxy
 from proctor.services.job.context import Job
+
+if TYPE_CHECKING:
+    from proctor.mechanisms.confine.egress import EgressProxy
 
 
 def egress_row(job: Job, agent: bool = False) -> Callable[[dict], None]:
@@ -60,12 +63,21 @@ def stop_egress(job: Job) -> None:
                          f"{job.egress.callback_errors[0]}")
 
 
+def start_proxy(job: Job, allowed: Sequence[str], sock: str, *, agent: bool = False) -> EgressProxy:
+    """A started proxy to `allowed` (host:port entries) on a socket in the job's host dir, each decision a row.
+    Imported here, when a job has one: the proxy runs an asyncio loop, and asyncio with ssl is 8 MB of every
+    host process that loads it (measured 2026-12-07), which a job without network never needs."""
+    from proctor.mechanisms.confine.egress import EgressProxy
+
+    return EgressProxy(allowed, job.host_tmp / sock, on_decision=egress_row(job, agent=agent)).start()
+
+
 def registry_proxy(job: Job, cfg: RepoSettings, sock: str, what: str) -> EgressProxy | None | str:
     """A proxy to the repo's `registries` for its setup steps; None without registries or confinement (no
     network to restrict), a str when it could not start (why)."""
     if not cfg.registries or job.confiner is None or job.confiner.name == "none":
         return None
     try:
-        return EgressProxy(cfg.registries, job.host_tmp / sock, on_decision=egress_row(job)).start()
+        return start_proxy(job, cfg.registries, sock)
     except (OSError, RuntimeError, ValueError) as exc:
         return f"{what} not run: its registry proxy did not start: {exc}"
