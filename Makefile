@@ -5,6 +5,12 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test docs docs-serve test-latest-clis system-deps agent-clis bench clean
 
+# proctor's own bytecode, written by compileall whatever PYTHONDONTWRITEBYTECODE says: an editable install
+# compiles nothing, and where that variable is set (as on this project's machines) every `proctor` process
+# compiled its ~230 modules afresh: 0.49 s an import against 0.31 s (measured 2026-12-07). Only stale files
+# are rewritten, so `make test` runs it again after an edit.
+COMPILE = $(PY) -m compileall -q src
+
 # pip is quiet (its ~300 lines buried the demo's one answer, issue 43); the line before it says how long it
 # takes, so the minute is not read as a hang (issue 24).
 $(STAMP): pyproject.toml
@@ -13,6 +19,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q --progress-bar off -e '.[test]'
 	$(PY) scripts/warm-pytest-cache.py
+	$(COMPILE)
 	touch $(STAMP)
 	@echo "make: installed into $(VENV)"
 
@@ -42,6 +49,7 @@ agent-clis:
 PYTEST_N ?= auto
 
 test: $(STAMP) system-deps agent-clis
+	$(COMPILE)
 	$(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_N) --dist loadgroup -m "not serial" --durations=25
 	$(PY) -m pytest -q -p no:cacheprovider -m serial
 

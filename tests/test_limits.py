@@ -433,3 +433,18 @@ def test_a_host_started_with_its_stdio_closed_still_holds_and_runs(tmp_path, nee
         out = subprocess.run(["/bin/sh", "-c", f'exec "$0" -c "$1" {closed}', PY, code], capture_output=True,
                              text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
         assert out.returncode == 0 and out.stderr.strip().splitlines()[-1] == "0 42 None", (closed, out.stderr)
+
+
+def test_the_disk_watch_polls_within_its_share_of_the_machine():
+    """The wait between two looks at the disk: 1% of a core of what a look cost while the machine has a
+    core for each runnable task; past that, 1% of the job's share (the cores over the load), never longer
+    than 2 s between looks nor a walk more than ~10% of the time."""
+    from proctor.mechanisms.confine.disk import DISK_POLL_MAX_S, DISK_POLL_S, interval
+
+    cores = os.cpu_count() or 1
+    assert interval(0.001, 0.003, load=0.5 * cores) == pytest.approx(0.3)  # 3 ms a look: one each 0.3 s
+    assert interval(0.001, 0.003, load=cores) == pytest.approx(0.3)
+    assert interval(0.001, 0.003, load=4 * cores) == pytest.approx(1.2)  # four tasks a core: a quarter of one
+    assert interval(0.001, 0.003, load=25 * cores) == DISK_POLL_MAX_S  # 50 jobs on 2 cores: the cap
+    assert interval(0.001, 0.0001, load=cores) == DISK_POLL_S  # a tiny tree: the floor
+    assert interval(0.5, 0.003, load=cores) == pytest.approx(5.0)  # a slow walk: at most ~10% of the time

@@ -212,3 +212,22 @@ def test_a_child_that_is_exiting_as_the_agent_exits_is_not_a_leftover(tmp_path):
     # The control: one that stays is a leftover, and is killed.
     staying = LocalRunner(limits=Limits()).run(_spawn(tmp_path, ["sh", "-c", "sleep 30 & exit 0"], deadline_s=10))
     assert staying.exit_code == 0 and staying.leftovers_killed == 1
+
+
+def test_dying_is_what_the_kernel_is_already_ending():
+    """A member on its way out (a zombie, in exit, or a SIGKILL pending: a pid namespace's members when its
+    init exits) is no leftover; a live one is (the control)."""
+    from proctor.mechanisms.process.tree import dying
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert not dying(child.pid), "control: a sleeping child is alive and staying"
+        os.kill(child.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert dying(child.pid)  # killed, not yet reaped
+    finally:
+        child.kill()
+        child.wait()
+    assert dying(child.pid)  # gone

@@ -36,7 +36,7 @@ _DU = shutil.which("du", path="/usr/bin:/bin")
 
 def _usage(roots: Sequence[Path]) -> tuple[int, float]:
     """Bytes allocated beneath `roots` (st_blocks, no symlink followed, each inode once, the roots' own
-    entries included), and the CPU seconds the walk took. coreutils' `du` walks in C, outside this
+    entries included), and the CPU seconds `du` took (0 for the walk: the caller counts its own thread's). coreutils' `du` walks in C, outside this
     interpreter's lock: 2.1x faster than the walk below on 100,000 files (156 vs 331 ms), 1.4x on 2,000, and
     the run's drains and gate are not held up while it walks. The walk below where there is no `du` or it
     gave no total."""
@@ -63,8 +63,7 @@ def _usage(roots: Sequence[Path]) -> tuple[int, float]:
                 return int(total[:-6]), used.ru_utime + used.ru_stime
         except (OSError, subprocess.SubprocessError, ChildProcessError):
             pass
-    t0 = time.thread_time()
-    return _walk_usage(roots), time.thread_time() - t0
+    return _walk_usage(roots), 0.0
 
 
 def _walk_usage(roots: Sequence[Path]) -> int:
@@ -113,11 +112,16 @@ def _unlinked_open(pids: Sequence[int]) -> int:
     return total
 
 
-def interval(took_s: float, cpu_s: float) -> float:
+def interval(took_s: float, cpu_s: float, load: float | None = None) -> float:
     """The wait before the next walk: a big tree is walked at most ~10% of the time, and at most
-    DISK_CPU_SHARE of a core however many jobs walk at once, that share waiting no longer than
-    DISK_POLL_MAX_S (so the overshoot past the cap stays the write rate times that, where walks are quick)."""
-    return max(DISK_POLL_S, 10 * took_s, min(DISK_POLL_MAX_S, cpu_s / DISK_CPU_SHARE))
+    DISK_CPU_SHARE of the job's share of the machine (`cpu_s`: the whole look, `du` and this side's spawn
+    and fd scan), that share waiting no longer than DISK_POLL_MAX_S (so the overshoot past the cap stays the
+    write rate times that, where walks are quick). The share is a core while the machine has one for each
+    runnable task, and the cores over the tasks past that (the 1-minute load average): 50 jobs at once on 2
+    cores each polling 1% of a core spent half the machine on the watches, more as their jobs took longer
+    (a waiting job 20 ms a second, 6.9 s of CPU a job at 50 against 1.5 alone, measured 2026-12-07)."""
+    crowd = max(1.0, (os.getloadavg()[0] if load is None else load) / (os.cpu_count() or 1))
+    return max(DISK_POLL_S, 10 * took_s, min(DISK_POLL_MAX_S, cpu_s * crowd / DISK_CPU_SHARE))
 
 
 class DiskWatch:
@@ -129,8 +133,9 @@ class DiskWatch:
         self.roots = tuple(r for i, r in enumerate(rs) if not any(o in r.parents for o in rs[:i]))
         self.cap = cap
         self.group = group
-        t0 = time.monotonic()
-        self.baseline, self._baseline_cpu = _usage(self.roots)
+        t0, c0 = time.monotonic(), time.thread_time()
+        self.baseline, du_cpu = _usage(self.roots)
+        self._baseline_cpu = du_cpu + time.thread_time() - c0
         self._baseline_s = time.monotonic() - t0
         self.hit: str | None = None
         self.peak = 0
@@ -152,8 +157,10 @@ class DiskWatch:
         return self._check()[0]
 
     def _check(self) -> tuple[str | None, float]:
-        usage, cpu = _usage(self.roots)
+        c0 = time.thread_time()
+        usage, du_cpu = _usage(self.roots)
         added = usage + _unlinked_open(self._pids()) - self.baseline
+        cpu = du_cpu + time.thread_time() - c0  # this side's spawn, wait and fd scan are the watch's too
         self.peak = max(self.peak, added)
         if added >= self.cap and self.hit is None:
             self.hit = (f"resource_limit: disk limit {human(self.cap)} reached: the job added {human(added)} "

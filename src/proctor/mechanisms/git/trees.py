@@ -6,6 +6,7 @@ entries two trees or commits disagree on. It never looks at a work directory.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from proctor.mechanisms.git.command import git
@@ -50,29 +51,27 @@ def tree_entries(git_dir: Path, tree: str) -> dict[str, str] | Failure:
 
 
 
-def top_levels(git_dir: Path, tree: str) -> list[str] | Failure:
-    """The paths an import finds at the top of a project: the root's entries, each top directory's and each
-    directory's of `src/` (`calc.py`, `pkg/__init__.py`, `src/pkg/__init__.py`), without listing the whole
-    tree. `git ls-tree` takes literal paths only (it refuses pathspec magic such as `:(glob)` outright), so
-    this is one call a level, over the directories of the level above."""
+
+def top_levels(git_dir: Path, tree: str, names: Iterable[str]) -> list[str] | Failure:
+    """The paths of `tree` where an import of one of `names` looks first: the root's and `src/`'s entries,
+    and those of each name's directory there (`calc.py`, `calc/__init__.py`, `src/calc/__init__.py`). Two
+    calls, whatever the tree's size; paths are literal (`git ls-tree` refuses pathspec magic such as
+    `:(glob)` outright, and a name is the agent's: never a pattern)."""
     root = _children(git_dir, tree, [""])
     if isinstance(root, Failure):
         return root
-    tops = _children(git_dir, tree, [p for p, is_dir in root if is_dir])
-    if isinstance(tops, Failure):
-        return tops
-    srcs = _children(git_dir, tree, [p for p, is_dir in tops if is_dir and p.startswith("src/")])
-    if isinstance(srcs, Failure):
-        return srcs
-    return [p for p, _ in root + tops + srcs]
+    below = _children(git_dir, tree, ["src", *(d for n in sorted(set(names)) for d in (n, f"src/{n}"))])
+    if isinstance(below, Failure):
+        return below
+    return [p for p, _ in root + below]
 
 
 def _children(git_dir: Path, tree: str, dirs: list[str]) -> list[tuple[str, bool]] | Failure:
     """(path, is a directory) of each entry directly in `dirs` ("" is the root)."""
     out: list[tuple[str, bool]] = []
-    for i in range(0, len(dirs), 512):  # within any argv limit, however many directories a level has
+    for i in range(0, len(dirs), 512):  # within any argv limit, however many there are
         paths = [f"{d}/" for d in dirs[i:i + 512] if d]
-        res = git(["ls-tree", "-z", tree, "--", *paths], git_dir=git_dir)
+        res = git(["ls-tree", "-z", tree, "--", *paths], git_dir=git_dir, env={"GIT_LITERAL_PATHSPECS": "1"})
         if not res.ok:
             return Failure(f"git ls-tree failed: {res.err}")
         for entry in res.out.split(b"\0"):

@@ -34,7 +34,7 @@ from proctor.mechanisms.confine.disk import DiskWatch
 from proctor.mechanisms.confine.limits import Limits, human
 from proctor.mechanisms.process.held import Held
 from proctor.mechanisms.process.spawn import TAIL_BYTES, Exit, Spawn
-from proctor.mechanisms.process.tree import ProcessTree, become_subreaper
+from proctor.mechanisms.process.tree import ProcessTree, become_subreaper, dying
 
 # Still imported from here by services and surfaces (Watch, Poll) until they import them from spawn.
 
@@ -272,12 +272,14 @@ class LocalRunner:
             # The agent exited; nothing it started may outlive the job or hold its pipes open. A member
             # caught mid-exit is not one that stayed: in a pid namespace (bwrap) the kernel kills every
             # member with the namespace's init, and under load one was counted before it was gone (a
-            # leftover "running after it exited" in CI). So what is still alive a moment later counts.
-            left = [p for p in tree.alive() if p.pid != proc.pid]
+            # leftover "running after it exited" in CI). So what is still alive a moment later counts, and
+            # not what the kernel is already ending (50 jobs at once on 2 cores: two patch jobs of 50 were
+            # said to leave a process, each a member killed with its namespace that had not yet run).
+            left = [p for p in tree.alive() if p.pid != proc.pid and not dying(p.pid)]
             settle = time.monotonic() + LEFTOVER_SETTLE_S
             while left and time.monotonic() < settle:
                 time.sleep(0.02)
-                left = [p for p in tree.alive() if p.pid != proc.pid]
+                left = [p for p in tree.alive() if p.pid != proc.pid and not dying(p.pid)]
             leftovers = len(left)
             if leftovers:
                 tree.kill()

@@ -36,6 +36,28 @@ def become_subreaper() -> bool:
         return False
 
 
+PF_EXITING = 0x4  # include/linux/sched.h: the task is in do_exit
+SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
+
+
+def dying(pid: int) -> bool:
+    """The kernel has this process on its way out: in exit already, or a SIGKILL pending it cannot refuse
+    (the members of a pid namespace whose init exited get one each, and under load they can wait a while to
+    run it). Read from /proc; a process gone is dying too."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        if fields[0] in (b"Z", b"X", b"x") or int(fields[6]) & PF_EXITING:
+            return True
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith((b"SigPnd:", b"ShdPnd:")) and int(line.split()[1], 16) & SIGKILL_BIT:
+                    return True
+    except (OSError, IndexError, ValueError):
+        return True
+    return False
+
+
 @dataclass
 class ProcessTree:
     """Finds and kills one run's processes, by cgroup where possible, else by descent and marker."""

@@ -81,7 +81,7 @@ def diff_risks(job: Job, landed: landing.Landing) -> list[str]:
         job.risks.append(f"the agent changed what runs or is obeyed outside the tests (the trust line): "
                          f"{trustline.say(crossed)}; `proctor land` asks for --allow-trust-line")
     if landed.changed:  # the base's own modules matter only to a changed path that could shadow one
-        listed = trees.top_levels(landed.git_dir, landed.base_sha)
+        listed = trees.top_levels(landed.git_dir, landed.base_sha, preempt.top_level_modules(landed.changed))
         # Unread, the base has no modules of its own here: its every module a changed path could shadow is
         # named, more risks and never fewer.
         ours = preempt.top_level_modules([] if isinstance(listed, worktree.Failure) else listed)

@@ -36,8 +36,11 @@ class Unread:
     why: str
 
 
-def _listing(git_dir: Path, tree: str, paths: Sequence[str] = ()) -> dict[str, Entry]:
-    args = ["ls-tree", "-r", "-z", "-l", "--full-tree", tree]
+def _listing(git_dir: Path, tree: str, paths: Sequence[str] = (), *, sizes: bool = True) -> dict[str, Entry]:
+    """path -> entry of each regular file or symlink of `tree` (under `paths`, literal). Without `sizes` each
+    entry's size is -1: git reads every blob's header for `-l`, a cost per file of the tree (23 ms at 2,000
+    loose objects, measured 2026-12-07) that a caller sizing a few of them spends on all."""
+    args = ["ls-tree", "-r", "-z", *(["-l"] if sizes else []), "--full-tree", tree]
     res = git([*args, "--", *paths] if paths else args, git_dir=git_dir, env=LITERAL_PATHS)
     out: dict[str, Entry] = {}
     if not res.ok:
@@ -45,9 +48,25 @@ def _listing(git_dir: Path, tree: str, paths: Sequence[str] = ()) -> dict[str, E
     for raw in res.out.split(b"\0"):
         meta, sep, name = raw.partition(b"\t")
         fields = meta.decode("ascii", "replace").split()
+        if not sizes and len(fields) == 3:
+            fields.append("-1")
         if sep and len(fields) == 4 and fields[1] == "blob" and fields[0] in ("100644", "100755", "120000") \
-                and fields[3].isdigit():
+                and fields[3].lstrip("-").isdigit():
             out[name.decode("utf-8", "surrogateescape")] = Entry(fields[0], fields[2], int(fields[3]))
+    return out
+
+
+def _sizes(git_dir: Path, shas: Iterable[str]) -> dict[str, int]:
+    """sha -> size of each blob, from its header alone."""
+    wanted = list(dict.fromkeys(shas))
+    if not wanted:
+        return {}
+    res = git(["cat-file", "--batch-check"], git_dir=git_dir, input_bytes=("\n".join(wanted) + "\n").encode())
+    out: dict[str, int] = {}
+    for line in res.out.splitlines():
+        fields = line.split()
+        if len(fields) == 3 and fields[2].isdigit():  # "<sha> missing" is left out: nothing to read
+            out[fields[0].decode()] = int(fields[2])
     return out
 
 
@@ -242,23 +261,33 @@ def _read_literals(git_dir: Path, sizes: dict[str, int], budget: int) -> Literal
     return literals
 
 
-def known_literals(git_dir: Path, base: str, commit: str,
-                    is_test: Callable[[str], bool]) -> tuple[LiteralSet, LiteralSet]:
+def known_literals(git_dir: Path, base: str, commit: str, is_test: Callable[[str], bool],
+                   changed: Sequence[str] | None = None) -> tuple[LiteralSet, LiteralSet]:
     """The literals of the test-defining files of both trees (the base's run frozen, the agent's as it left
     them), and of the base's other sources (what the project's code already used), each capped: a file
-    over MAX_FILE_BYTES is skipped, MAX_TREE_BYTES read at most."""
-    tests: dict[str, int] = {}
-    sources: dict[str, int] = {}
+    over MAX_FILE_BYTES is skipped, MAX_TREE_BYTES read at most. `changed`: every path whose entry differs
+    between the two (the host's own diff), so only those of `commit` are listed: the rest are the base's."""
+    tests: dict[str, None] = {}
+    sources: dict[str, None] = {}
     for tree in (base, commit):
-        for path, e in _listing(git_dir, tree).items():
+        if tree == commit and changed is not None and len(changed) <= MAX_FILES:
+            listed = _listing(git_dir, commit, changed, sizes=False) if changed else {}
+        else:
+            listed = _listing(git_dir, tree, sizes=False)
+        for path, e in listed.items():
             suffix = PurePosixPath(path).suffix.lower()
-            if e.size > MAX_FILE_BYTES or (suffix not in LANGUAGES and suffix not in DATA):
+            if suffix not in LANGUAGES and suffix not in DATA:
                 continue
             if is_test(path):
-                tests.setdefault(e.sha, e.size)
+                tests.setdefault(e.sha)
             elif tree == base and suffix in LANGUAGES:
-                sources.setdefault(e.sha, e.size)
-    return _read_literals(git_dir, tests, MAX_TREE_BYTES), _read_literals(git_dir, sources, MAX_TREE_BYTES)
+                sources.setdefault(e.sha)
+    size = _sizes(git_dir, [*tests, *sources])
+
+    def capped(shas: dict[str, None]) -> dict[str, int]:
+        return {sha: size[sha] for sha in shas if sha in size and size[sha] <= MAX_FILE_BYTES}
+
+    return _read_literals(git_dir, capped(tests), MAX_TREE_BYTES), _read_literals(git_dir, capped(sources), MAX_TREE_BYTES)
 
 
 def declared_entry_points(git_dir: Path, commit: str) -> list[str]:

@@ -94,7 +94,7 @@ def diff_signals(git_dir: Path, base: str, commit: str, changed: Sequence[str],
         said = _unread(unread) + _loaded(data_files(changed, sources, is_test))
         if not sources:
             return said
-        tests, known = known_literals(git_dir, base, commit, is_test)
+        tests, known = known_literals(git_dir, base, commit, is_test, changed)
         entry_points = declared_entry_points(git_dir, commit)
         _rust_inline_tests(sources, tests)
         trees = {src.path: _parse(src.new) if src.lang == "python" else None for src in sources}
