@@ -440,6 +440,9 @@ def test_the_disk_watch_polls_within_its_share_of_the_machine():
     core for each runnable task; past that, 1% of the job's share (the cores over the load), never longer
     than 2 s between looks nor a walk more than ~10% of the time."""
     from proctor.mechanisms.confine.disk import DISK_POLL_MAX_S, DISK_POLL_S, interval
+    from proctor.mechanisms.confine.limits import crowd
+
+    assert crowd(0.0) == 1.0 and crowd(10.0 * (os.cpu_count() or 1)) == 10.0
 
     cores = os.cpu_count() or 1
     assert interval(0.001, 0.003, load=0.5 * cores) == pytest.approx(0.3)  # 3 ms a look: one each 0.3 s

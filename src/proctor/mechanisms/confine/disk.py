@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from proctor.mechanisms.confine.cgroup import JobGroup
-from proctor.mechanisms.confine.limits import human
+from proctor.mechanisms.confine.limits import crowd, human
 
 DISK_POLL_S = 0.1
 # A watch spends at most this share of one core on its walks, and waits at most DISK_POLL_MAX_S between two.
@@ -120,8 +120,7 @@ def interval(took_s: float, cpu_s: float, load: float | None = None) -> float:
     runnable task, and the cores over the tasks past that (the 1-minute load average): 50 jobs at once on 2
     cores each polling 1% of a core spent half the machine on the watches, more as their jobs took longer
     (a waiting job 20 ms a second, 6.9 s of CPU a job at 50 against 1.5 alone, measured 2026-12-07)."""
-    crowd = max(1.0, (os.getloadavg()[0] if load is None else load) / (os.cpu_count() or 1))
-    return max(DISK_POLL_S, 10 * took_s, min(DISK_POLL_MAX_S, cpu_s * crowd / DISK_CPU_SHARE))
+    return max(DISK_POLL_S, 10 * took_s, min(DISK_POLL_MAX_S, cpu_s * crowd(load) / DISK_CPU_SHARE))
 
 
 class DiskWatch:

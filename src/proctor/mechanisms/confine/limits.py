@@ -40,6 +40,14 @@ class Limits:
         return cls(memory=ram // 3, swap=0, pids=1024, cpu_weight=100, disk=10 * GIB, memory_total=ram * 3 // 4)
 
 
+def crowd(load: float | None = None) -> float:
+    """How many runnable tasks share each core (the 1-minute load average over the cores), at least 1: what a
+    job's periodic looks (its disk walks, its run's checks) stretch their waits by, so that N jobs on C cores
+    spend on looking a share of the machine that does not grow with N (issue 44: at 50 jobs on 2 cores a
+    waiting job's looks cost 20 ms a second each, a quarter of the machine)."""
+    return max(1.0, (os.getloadavg()[0] if load is None else load) / (os.cpu_count() or 1))
+
+
 def human(n: int) -> str:
     for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
         if n >= size:

@@ -31,7 +31,7 @@ import psutil
 
 from proctor.mechanisms.confine.cgroup import JobGroup, group_name
 from proctor.mechanisms.confine.disk import DiskWatch
-from proctor.mechanisms.confine.limits import Limits, human
+from proctor.mechanisms.confine.limits import Limits, crowd, human
 from proctor.mechanisms.process.held import Held
 from proctor.mechanisms.process.spawn import TAIL_BYTES, Exit, Spawn
 from proctor.mechanisms.process.tree import ProcessTree, become_subreaper, dying
@@ -39,7 +39,8 @@ from proctor.mechanisms.process.tree import ProcessTree, become_subreaper, dying
 # Still imported from here by services and surfaces (Watch, Poll) until they import them from spawn.
 
 READ_CHUNK = 1 << 16
-POLL_S = 0.1
+POLL_S = 0.1  # between two checks of the run's limits and stop switch, on a machine with a core to spare
+POLL_MAX_S = 1.0  # however crowded the machine: the longest a stop or a limit waits to be seen
 LEFTOVER_SETTLE_S = 0.3  # a member still alive this long after the agent exited stayed: it is a leftover
 
 
@@ -242,7 +243,8 @@ class LocalRunner:
             if remaining <= 0:
                 timed_out = True
                 break
-            if exited.wait(min(POLL_S, remaining)):
+            # An exit is seen at once (a pidfd); the checks below wait longer on a crowded machine.
+            if exited.wait(min(POLL_S * crowd(), POLL_MAX_S, remaining)):
                 break
             if watch_reason:
                 killed_reason = watch_reason[0]
