@@ -83,10 +83,12 @@ def _kb(text: str, field: str) -> int:
 
 
 def job(repo: Path, patch: Path, env: dict[str, str], i: int) -> tuple[float, bool, int, int]:
-    """(seconds, verdict right, the proctor process's own peak RSS and peak PSS in KiB). The memory is the
-    host process's alone, read from /proc while it runs (VmHWM is its high-water mark; PSS, its share of
-    pages it shares with the other jobs' processes, is sampled every 50 ms): the rusage of children would
-    count the largest descendant, which is the validation's pytest, not proctor."""
+    """(seconds, verdict right, the proctor process's own peak RSS and peak PSS in KiB, 0 where not read).
+    The memory is the host process's alone, read from /proc while it runs (VmHWM is its high-water mark,
+    read every 0.2 s; PSS, its share of the pages it shares with the other jobs' processes, is sampled every
+    0.1 s for the first job of a batch only: reading smaps walks the page tables, and sampling 50 processes
+    20 times a second was a third of the jobs' measured CPU). The rusage of children would count the
+    largest descendant, which is the validation's pytest, not proctor."""
     proctor = str(Path(sys.executable).with_name("proctor"))
     t0 = time.perf_counter()
     p = subprocess.Popen([proctor, "run-agent", "--agent", "patch", "--task-file", str(patch), "--repo", str(repo),
@@ -98,10 +100,11 @@ def job(repo: Path, patch: Path, env: dict[str, str], i: int) -> tuple[float, bo
     while p.poll() is None:
         try:
             hwm = max(hwm, _kb(Path(f"/proc/{p.pid}/status").read_text(), "VmHWM:"))
-            pss = max(pss, _kb(Path(f"/proc/{p.pid}/smaps_rollup").read_text(), "\nPss:"))
+            if i <= 0:
+                pss = max(pss, _kb(Path(f"/proc/{p.pid}/smaps_rollup").read_text(), "\nPss:"))
         except (OSError, IndexError):
             pass  # not started or already gone
-        time.sleep(0.05)
+        time.sleep(0.1 if i <= 0 else 0.2)
     reader.join()
     took = time.perf_counter() - t0
     res = json.loads(box[0])
@@ -150,7 +153,7 @@ def main() -> int:
             jcpu.append(cpu)
             oks.append(sum(1 for _, ok, _, _ in got if ok))
             hwms += [h for _, _, h, _ in got]
-            psss += [p for _, _, _, p in got]
+            psss += [p for _, _, _, p in got if p]
         f, j = statistics.median(floors), statistics.median(jobs)
         fc, jc = statistics.median(fcpu) / n, statistics.median(jcpu) / n
         # On C cores, N at once cannot end sooner than N jobs' CPU over C: the CPU ratio is what bounds the wall
@@ -158,7 +161,7 @@ def main() -> int:
         print(f"{n} at once: jobs {j:.2f} s, floors {f:.2f} s: {j / f:.2f}x (goal <= 1.0x at 20 and 50; one: "
               f"<= 1.3x + 0.3 s); verdicts right {min(oks)}/{n}; CPU a job {jc:.2f} s against a floor's "
               f"{fc:.2f} s ({jc / fc:.2f}x); the proctor process's own peak RSS median "
-              f"{statistics.median(hwms) / 1024:.1f} MB (max {max(hwms) / 1024:.1f}), peak PSS median "
+              f"{statistics.median(hwms) / 1024:.1f} MB (max {max(hwms) / 1024:.1f}), peak PSS "
               f"{statistics.median(psss) / 1024:.1f} MB (goal 40); load {os.getloadavg()[0]:.2f}", flush=True)
     return 0
 
