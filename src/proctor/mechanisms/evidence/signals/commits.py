@@ -59,14 +59,18 @@ def _listing(git_dir: Path, tree: str, paths: Sequence[str] | None = None, *, si
     return out
 
 
-def _sizes(git_dir: Path, shas: Iterable[str]) -> dict[str, int]:
-    """sha -> size of each blob, from its header alone."""
+def _cat_file(git_dir: Path, option: str, shas: Iterable[str]) -> bytes:
+    """`git cat-file OPTION`'s answer for each sha once, in order (nothing asked: nothing run)."""
     wanted = list(dict.fromkeys(shas))
     if not wanted:
-        return {}
-    res = git(["cat-file", "--batch-check"], git_dir=git_dir, input_bytes=("\n".join(wanted) + "\n").encode())
+        return b""
+    return git(["cat-file", option], git_dir=git_dir, input_bytes=("\n".join(wanted) + "\n").encode()).out
+
+
+def _sizes(git_dir: Path, shas: Iterable[str]) -> dict[str, int]:
+    """sha -> size of each blob, from its header alone."""
     out: dict[str, int] = {}
-    for line in res.out.splitlines():
+    for line in _cat_file(git_dir, "--batch-check", shas).splitlines():
         fields = line.split()
         if len(fields) == 3 and fields[2].isdigit():  # "<sha> missing" is left out: nothing to read
             out[fields[0].decode()] = int(fields[2])
@@ -74,12 +78,8 @@ def _sizes(git_dir: Path, shas: Iterable[str]) -> dict[str, int]:
 
 
 def _blobs(git_dir: Path, shas: Iterable[str]) -> dict[str, bytes]:
-    wanted = list(dict.fromkeys(shas))
-    if not wanted:
-        return {}
-    res = git(["cat-file", "--batch"], git_dir=git_dir, input_bytes=("\n".join(wanted) + "\n").encode())
     out: dict[str, bytes] = {}
-    data, pos = res.out, 0
+    data, pos = _cat_file(git_dir, "--batch", shas), 0
     while pos < len(data):
         eol = data.find(b"\n", pos)
         if eol < 0:
