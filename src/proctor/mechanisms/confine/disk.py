@@ -36,10 +36,10 @@ _DU = shutil.which("du", path="/usr/bin:/bin")
 
 def _usage(roots: Sequence[Path]) -> tuple[int, float]:
     """Bytes allocated beneath `roots` (st_blocks, no symlink followed, each inode once, the roots' own
-    entries included), and the CPU seconds `du` took (0 for the walk: the caller counts its own thread's). coreutils' `du` walks in C, outside this
-    interpreter's lock: 2.1x faster than the walk below on 100,000 files (156 vs 331 ms), 1.4x on 2,000, and
-    the run's drains and gate are not held up while it walks. The walk below where there is no `du` or it
-    gave no total."""
+    entries included), and the CPU seconds `du` took (0 for the walk: the caller counts its own thread's).
+    coreutils' `du` walks in C, outside this interpreter's lock: 2.1x faster than the walk below on 100,000
+    files (156 vs 331 ms), 1.4x on 2,000, and the run's drains and gate are not held up while it walks. The
+    walk below where there is no `du` or it gave no total."""
     if _DU is not None:
         try:
             proc = subprocess.Popen([_DU, "-s", "-c", "-B1", "-0", "--", *map(str, roots)], stdin=subprocess.DEVNULL,

@@ -50,8 +50,6 @@ def tree_entries(git_dir: Path, tree: str) -> dict[str, str] | Failure:
     return out
 
 
-
-
 def top_levels(git_dir: Path, tree: str, names: Iterable[str]) -> list[str] | Failure:
     """The paths of `tree` where an import of one of `names` looks first: the root's and `src/`'s entries,
     and those of each name's directory there (`calc.py`, `calc/__init__.py`, `src/calc/__init__.py`). Two

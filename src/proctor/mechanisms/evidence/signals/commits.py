@@ -290,7 +290,8 @@ def known_literals(git_dir: Path, base: str, commit: str, is_test: Callable[[str
     def capped(shas: dict[str, None]) -> dict[str, int]:
         return {sha: size[sha] for sha in shas if sha in size and size[sha] <= MAX_FILE_BYTES}
 
-    return _read_literals(git_dir, capped(tests), MAX_TREE_BYTES), _read_literals(git_dir, capped(sources), MAX_TREE_BYTES)
+    return (_read_literals(git_dir, capped(tests), MAX_TREE_BYTES),
+            _read_literals(git_dir, capped(sources), MAX_TREE_BYTES))
 
 
 def declared_entry_points(git_dir: Path, commit: str) -> list[str]:
