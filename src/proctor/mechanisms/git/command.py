@@ -46,6 +46,8 @@ SAFE_CONFIG = (
     "-c", "safe.directory=*",
 )
 GIT_TIMEOUT_S = 120
+# For paths read from a tree (or named by an agent): a path is a path, never a glob or pathspec magic.
+LITERAL_PATHS = {"GIT_LITERAL_PATHSPECS": "1"}
 
 
 def unredirected_env() -> dict[str, str]:

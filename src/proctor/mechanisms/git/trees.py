@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from proctor.mechanisms.git.command import git
+from proctor.mechanisms.git.command import LITERAL_PATHS, git
 from proctor.mechanisms.git.worktree import Failure
 
 
@@ -69,7 +69,7 @@ def _children(git_dir: Path, tree: str, dirs: list[str]) -> list[tuple[str, bool
     out: list[tuple[str, bool]] = []
     for i in range(0, len(dirs), 512):  # within any argv limit, however many there are
         paths = [f"{d}/" for d in dirs[i:i + 512] if d]
-        res = git(["ls-tree", "-z", tree, "--", *paths], git_dir=git_dir, env={"GIT_LITERAL_PATHSPECS": "1"})
+        res = git(["ls-tree", "-z", tree, "--", *paths], git_dir=git_dir, env=LITERAL_PATHS)
         if not res.ok:
             return Failure(f"git ls-tree failed: {res.err}")
         for entry in res.out.split(b"\0"):

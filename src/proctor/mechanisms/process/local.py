@@ -277,11 +277,14 @@ class LocalRunner:
             # leftover "running after it exited" in CI). So what is still alive a moment later counts, and
             # not what the kernel is already ending (50 jobs at once on 2 cores: two patch jobs of 50 were
             # said to leave a process, each a member killed with its namespace that had not yet run).
-            left = [p for p in tree.alive() if p.pid != proc.pid and not dying(p.pid)]
+            def staying() -> list[psutil.Process]:
+                return [p for p in tree.alive() if p.pid != proc.pid and not dying(p.pid)]
+
+            left = staying()
             settle = time.monotonic() + LEFTOVER_SETTLE_S
             while left and time.monotonic() < settle:
                 time.sleep(0.02)
-                left = [p for p in tree.alive() if p.pid != proc.pid and not dying(p.pid)]
+                left = staying()
             leftovers = len(left)
             if leftovers:
                 tree.kill()

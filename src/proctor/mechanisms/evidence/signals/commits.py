@@ -13,13 +13,12 @@ from pathlib import Path, PurePosixPath
 
 from proctor.mechanisms.evidence.signals.literals import LiteralSet
 from proctor.mechanisms.evidence.signals.scan import DATA, LANGUAGES, Literal, Source, language, scan
-from proctor.mechanisms.git.command import git
+from proctor.mechanisms.git.command import LITERAL_PATHS, git
 
 MAX_FILE_BYTES = 4 << 20  # a source or test file larger than this is not read (said as a risk when changed)
 MAX_SOURCE_BYTES = 32 << 20  # the agent's changed sources read in all (both versions)
 MAX_TREE_BYTES = 20 << 20  # test files, and the base's other sources, read for their literals
 MAX_FILES = 2000
-LITERAL_PATHS = {"GIT_LITERAL_PATHSPECS": "1"}  # a path from the tree is a path, never a glob
 
 
 @dataclass(frozen=True)
