@@ -6,6 +6,8 @@ from __future__ import annotations
 import ipaddress
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -287,3 +289,13 @@ def test_a_slow_callback_stalls_no_open_tunnel_and_a_hung_one_refuses(sockdir: P
         stuck.join(5)
         gate.set()
     assert proxy.callback_errors and "Timeout" in proxy.callback_errors[0]
+
+
+def test_a_job_without_network_loads_no_asyncio():
+    """asyncio with ssl is 8 MB of every host process that loads it: the CLI's run path imports neither; the
+    proxy a job with network starts does (the control)."""
+    code = ("import sys; import proctor.surfaces.cli.run_agent, proctor.services.job.run_agent; "
+            "print('asyncio' in sys.modules); import proctor.mechanisms.confine.egress; "
+            "print('asyncio' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.split() == ["False", "True"], out.stderr
